@@ -1,0 +1,59 @@
+# distlab: `make lab` to open the course, `make test` to check it. Everything installs into .venv.
+#
+# Set-up is split into stamp files inside .venv, so each step runs once and is redone only when
+# its input changes (edit pyproject.toml and the next make re-installs the dependencies).
+
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+# Extra pytest arguments, e.g.  make test PYTEST_ARGS="-k launch -x"
+PYTEST_ARGS ?=
+
+.PHONY: setup lab test notebooks lint clean
+
+setup: $(VENV)/.stamp-deps $(VENV)/.stamp-kernel
+
+# torch first, with exactly this pin: the plain `torch` requirement in pyproject.toml is then
+# already satisfied, and pip does not download gigabytes of CUDA wheels.
+$(VENV)/.stamp-torch:
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==2.13.0
+	touch $@
+
+$(VENV)/.stamp-deps: $(VENV)/.stamp-torch pyproject.toml
+	$(VPY) -m pip install -q -e ".[dev]"
+	touch $@
+
+# A kernel spec named python3 that runs this venv's Python, so notebooks run with distlab and torch
+# from .venv whichever Jupyter starts them.
+$(VENV)/.stamp-kernel: $(VENV)/.stamp-deps
+	$(VPY) -m ipykernel install --sys-prefix --name python3
+	touch $@
+
+# Loopback only: the server runs code for whoever reaches it.
+lab: setup
+	$(VPY) -m jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1
+
+# Options live in pyproject.toml: unit tests plus every notebook re-run and compared (nbval).
+# pytest's exit status 5 means "no tests collected", which is not a failure here.
+test: setup
+	$(VPY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+# Re-execute every notebook in place, top to bottom in a fresh kernel, one at a time so that a
+# failure names its notebook. Run this after changing a notebook or distlab, then commit the result.
+notebooks: setup
+	@for nb in notebooks/[0-9]*.ipynb; do \
+	  if [ ! -e "$$nb" ]; then echo "no notebooks to run"; exit 0; fi; \
+	  echo "running $$nb"; \
+	  $(VPY) -m jupyter nbconvert --to notebook --execute --inplace \
+	    --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.kernel_name=python3 "$$nb" \
+	    || { echo "FAILED: $$nb"; exit 1; }; \
+	done
+
+lint: setup
+	$(VPY) -m ruff check distlab tests bench
+
+clean:
+	rm -rf $(VENV) *.egg-info build dist

@@ -1,0 +1,32 @@
+"""distlab: learn torch.distributed by running it, from a notebook, on your laptop.
+
+    import distlab
+    result = distlab.launch(work, world_size=4)   # run work() on 4 ranks, get 4 values back
+"""
+
+from __future__ import annotations
+
+import os
+
+from ._ship import ShipError
+from .errors import RankError, RankFailure, RankTimeout
+from .launcher import launch
+
+__version__ = "0.1.0"
+
+__all__ = ["RankError", "RankFailure", "RankTimeout", "ShipError", "launch", "__version__"]
+
+
+def _warm_start() -> None:
+    # Start the helper that imports torch now, in its own process, so the first launch is quick.
+    if os.environ.get("DISTLAB_NO_WARM"):
+        return
+    try:
+        from . import _zygote
+
+        _zygote.warm()
+    except Exception:  # never break `import distlab`; launch() reports problems properly
+        pass
+
+
+_warm_start()

@@ -1,0 +1,554 @@
+"""The kernel's side of a set of live ranks: start them, send tasks, gather output and results,
+notice failures, hangs and deaths, and clean everything up.
+
+`distlab.launch` uses a group for one task; `distlab.Cluster` keeps one alive across cells. Both go
+through `RankGroup.execute`, so output, errors and clean-up behave the same everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import secrets
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+
+from . import _output, _ship
+from .errors import RankError, RankFailure, RankTimeout, order_failures
+
+#: Task messages bigger than this go through a file (a socket write could otherwise block).
+_INLINE_LIMIT = 64 * 1024
+#: How long a stuck rank gets to report its stack before distlab asks faulthandler instead.
+_STACK_WAIT = 1.5
+
+
+@dataclass
+class _Proc:
+    """One rank process, as the kernel sees it."""
+
+    rank: int
+    pid: int
+    ctrl: Connection
+    dbg: Connection
+    out_fd: int | None
+    buf: bytearray = field(default_factory=bytearray)  # output not yet assigned to a task
+    streamed: int = 0  # bytes of `buf` already shown live (stream mode)
+    state: str = "idle"  # idle | busy | stuck | dead
+    exitcode: int | None = None
+    last_seconds: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.state != "dead"
+
+
+@dataclass
+class _Task:
+    id: int
+    targets: list[int]
+    pending: set[int]
+    marker: dict[int, bytes]
+    replies: dict[int, dict] = field(default_factory=dict)
+    failures: list[RankFailure] = field(default_factory=list)  # in time order
+    outputs: dict[int, bytes] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    first_failure_at: float | None = None
+
+
+def free_port() -> int:
+    """An unused TCP port on loopback (for MASTER_PORT; distlab itself never listens on it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loopback_interface() -> str:
+    try:
+        for _, name in socket.if_nameindex():
+            if name.startswith("lo"):
+                return name
+    except OSError:
+        pass
+    return "lo"
+
+
+def default_threads(world_size: int) -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, cores // world_size)
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "its process ended (exit status unknown)"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        extra = {
+            "SIGSEGV": " (segmentation fault: a crash inside C/C++ code)",
+            "SIGKILL": " (killed: out of memory, or someone ran kill -9)",
+            "SIGABRT": " (aborted: usually a C++ exception or assertion)",
+            "SIGBUS": " (bus error)",
+        }.get(name, "")
+        return f"killed by signal {name}{extra}"
+    return f"exited with code {code} before finishing its task"
+
+
+class RankGroup:
+    """``world_size`` rank processes, started together, optionally with a process group."""
+
+    def __init__(
+        self,
+        world_size: int,
+        backend: str | None,
+        *,
+        threads: int | None = None,
+        pg_timeout: float = 60.0,
+        start_method: str = "forkserver",
+        env: dict[str, str] | None = None,
+    ):
+        self.world_size = world_size
+        self.backend = backend
+        self.threads = threads or default_threads(world_size)
+        self.token = secrets.token_hex(6)
+        self.tmpdir = tempfile.mkdtemp(prefix="distlab-")  # mode 0700: private to this user
+        self.master_port = free_port()
+        self.procs: list[_Proc] = []
+        self._next_id = 0
+        self._lines = _ship.LineShipper()
+        if start_method == "forkserver":
+            from . import _zygote
+
+            self.starter = _zygote.get()
+        else:
+            from ._spawn import Spawner
+
+            self.starter = Spawner()
+        iface = loopback_interface()
+        base_env = {
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(self.master_port),
+            # Keep every socket that gloo, TensorPipe (RPC) and NCCL open on loopback.
+            "GLOO_SOCKET_IFNAME": iface,
+            "TP_SOCKET_IFNAME": iface,
+            "NCCL_SOCKET_IFNAME": iface,
+            "OMP_NUM_THREADS": str(self.threads),
+            "MKL_NUM_THREADS": str(self.threads),
+            **(env or {}),
+        }
+        try:
+            for rank in range(world_size):
+                self.procs.append(self._start(rank, base_env, pg_timeout))
+        except BaseException:
+            self.kill()
+            raise
+
+    def _start(self, rank: int, base_env: dict[str, str], pg_timeout: float) -> _Proc:
+        ctrl_k, ctrl_c = socket.socketpair()
+        dbg_k, dbg_c = socket.socketpair()
+        out_r, out_w = os.pipe()
+        os.set_blocking(out_r, False)
+        env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
+        spec = {
+            "rank": rank,
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "store_path": os.path.join(self.tmpdir, "store"),
+            "pg_timeout": pg_timeout,
+            "threads": self.threads,
+            "token": self.token,
+            "env": env,
+            "cwd": os.getcwd(),
+        }
+        try:
+            pid = self.starter.fork(spec, [ctrl_c.fileno(), dbg_c.fileno(), out_w])
+        except BaseException:
+            for s in (ctrl_k, dbg_k):
+                s.close()
+            os.close(out_r)
+            raise
+        finally:
+            ctrl_c.close()
+            dbg_c.close()
+            os.close(out_w)
+        return _Proc(rank, pid, Connection(ctrl_k.detach()), Connection(dbg_k.detach()), out_r)
+
+    # -- running a task ---------------------------------------------------------------------------
+
+    def execute(
+        self,
+        payload: bytes,
+        *,
+        ranks: list[int] | None = None,
+        timeout: float,
+        stream: bool = False,
+        on_failure: str = "kill",
+        grace: float = 0.5,
+    ) -> list:
+        """Run ``payload`` (see `_ship`) on ``ranks``; print their output; return their values.
+
+        ``on_failure="kill"`` (launch): after the first failure the others get ``grace`` seconds,
+        then are killed. ``"interrupt"`` (Cluster): they get an interrupt instead, so live ranks
+        survive. Raises `RankError`, `RankTimeout`, or KeyboardInterrupt (after cleaning up).
+        """
+        task = self.submit(payload, ranks)
+        try:
+            self.collect(task, task.started + timeout, stream, grace)
+        except KeyboardInterrupt:
+            self._after_interrupt(task, on_failure, stream)
+            raise
+        return self.finish(task, timeout, stream, on_failure)
+
+    def submit(self, payload: bytes, ranks: list[int] | None = None) -> _Task:
+        targets = list(range(self.world_size)) if ranks is None else list(ranks)
+        self._next_id += 1
+        task = _Task(
+            self._next_id,
+            targets,
+            set(targets),
+            {r: _child_marker(self.token, self._next_id) for r in targets},
+        )
+        msg = {"op": "run", "id": task.id, "payload": payload, "lines": self._lines.new()}
+        data = pickle.dumps(msg)
+        if len(data) > _INLINE_LIMIT:
+            path = os.path.join(self.tmpdir, f"task-{task.id}.pkl")
+            with open(path, "wb") as f:
+                f.write(data)
+            data = pickle.dumps({"op": "file", "path": path})
+        for r in targets:
+            proc = self.procs[r]
+            proc.buf = bytearray()
+            proc.streamed = 0
+            try:
+                proc.ctrl.send_bytes(data)
+                proc.state = "busy"
+            except OSError:
+                self._on_death(task, proc)
+        return task
+
+    def collect(self, task: _Task, deadline: float, stream: bool, grace: float) -> None:
+        """Wait for replies until all are in, ``deadline`` passes, or the grace after a failure."""
+        while task.pending:
+            limit = deadline
+            if task.first_failure_at is not None:
+                limit = min(deadline, task.first_failure_at + grace)
+            left = limit - time.monotonic()
+            if left <= 0:
+                return
+            by_conn = {self.procs[r].ctrl: self.procs[r] for r in task.pending}
+            by_fd = {p.out_fd: p for p in self.procs if p.out_fd is not None}
+            for obj in wait([*by_conn, *by_fd], timeout=left):
+                if isinstance(obj, int):
+                    self._read(by_fd[obj], stream)
+                else:
+                    self._on_reply(task, by_conn[obj], stream)
+
+    def _on_reply(self, task: _Task, proc: _Proc, stream: bool) -> None:
+        try:
+            reply = pickle.loads(proc.ctrl.recv_bytes())
+        except (EOFError, OSError):
+            self._on_death(task, proc)
+            return
+        self._take_output(task, proc, stream)
+        proc.state = "idle"
+        proc.last_seconds = time.monotonic() - task.started
+        task.pending.discard(proc.rank)
+        task.replies[proc.rank] = reply
+        if not reply["ok"]:
+            self._fail(task, _failure(proc.rank, reply))
+
+    def _on_death(self, task: _Task | None, proc: _Proc) -> None:
+        self._killpg(proc.pid)  # take down anything it started, too
+        proc.exitcode = self.starter.wait_exit(proc.pid, 2.0)
+        while proc.out_fd is not None:  # everything it printed before dying
+            self._read(proc, stream=False)
+        proc.state = "dead"
+        if task is None or proc.rank not in task.pending:
+            return
+        task.pending.discard(proc.rank)
+        text = _output.decode(bytes(proc.buf))
+        task.outputs[proc.rank] = bytes(proc.buf)
+        tail = "\n".join(text.rstrip("\n").splitlines()[-15:])
+        self._fail(
+            task,
+            RankFailure(
+                proc.rank,
+                "died",
+                _exit_text(proc.exitcode),
+                stage="died",
+                exitcode=proc.exitcode,
+                output_tail=tail,
+            ),
+        )
+
+    def _fail(self, task: _Task, failure: RankFailure) -> None:
+        task.failures.append(failure)
+        if task.first_failure_at is None:
+            task.first_failure_at = time.monotonic()
+
+    def _read(self, proc: _Proc, stream: bool) -> None:
+        try:
+            data = os.read(proc.out_fd, 65536)
+        except BlockingIOError:
+            return  # already drained (the fd was reported ready before another read emptied it)
+        except OSError:
+            data = b""
+        if not data:
+            os.close(proc.out_fd)
+            proc.out_fd = None
+            return
+        proc.buf += data
+        if stream:
+            end = proc.buf.rfind(b"\n") + 1
+            if end > proc.streamed:
+                _output.emit(
+                    _output.prefix(proc.rank, _output.decode(bytes(proc.buf[proc.streamed : end])))
+                )
+                proc.streamed = end
+
+    def _take_output(self, task: _Task, proc: _Proc, stream: bool) -> None:
+        """Split off this task's output: everything up to the rank's end marker."""
+        mark = task.marker[proc.rank]
+        deadline = time.monotonic() + 5.0
+        while mark not in proc.buf and proc.out_fd is not None and time.monotonic() < deadline:
+            if wait([proc.out_fd], timeout=0.5):
+                self._read(proc, stream=False)
+        idx = proc.buf.find(mark)
+        if idx < 0:
+            idx = len(proc.buf)
+            rest = bytearray()
+        else:
+            rest = proc.buf[idx + len(mark) :]
+        out = bytes(proc.buf[:idx])
+        if stream and proc.streamed < len(out):
+            _output.emit(_output.prefix(proc.rank, _output.decode(out[proc.streamed :])))
+        task.outputs[proc.rank] = out
+        proc.buf = rest
+        proc.streamed = 0
+
+    # -- after the wait: what happened? -----------------------------------------------------------
+
+    def finish(self, task: _Task, timeout: float, stream: bool, on_failure: str) -> list:
+        stuck: dict[int, str] = {}
+        stopped: list[int] = []
+        if task.pending:
+            pending = sorted(task.pending)
+            if task.failures and on_failure == "kill":
+                stopped = pending
+                self.kill(pending)
+            elif task.failures:  # interrupt: the others may be stuck waiting for the failed one
+                stuck = self._interrupt(task, stream)
+                stopped = [r for r in pending if r not in stuck]
+            else:
+                stuck = self.stacks(pending)
+                for r in pending:
+                    self.procs[r].state = "stuck"
+                if on_failure == "kill":
+                    self.kill(pending)
+            for r in pending:
+                proc = self.procs[r]
+                task.outputs.setdefault(r, bytes(proc.buf))
+        if not stream:
+            _output.emit(
+                _output.render({r: _output.decode(task.outputs.get(r, b"")) for r in task.targets})
+            )
+        if task.failures:
+            raise RankError(order_failures(task.failures), stopped, self.world_size) from None
+        if stuck:
+            hint = ""
+            if on_failure != "kill":
+                hint = _STUCK_HINT
+            raise RankTimeout(timeout, stuck, sorted(task.replies), self.world_size, hint)
+        values = []
+        for r in task.targets:
+            try:
+                values.append(_ship.loads(task.replies[r]["value"]))
+            except Exception as e:
+                raise RankError(
+                    [
+                        RankFailure(
+                            r,
+                            type(e).__name__,
+                            f"its return value could not be loaded in the notebook: {e}",
+                            stage="result",
+                        )
+                    ],
+                    [],
+                    self.world_size,
+                ) from None
+        return values
+
+    def _interrupt(self, task: _Task, stream: bool, wait_s: float = 2.0) -> dict[int, str]:
+        """Interrupt pending ranks (SIGINT); return the stacks of those that stay stuck."""
+        for r in list(task.pending):
+            self._signal(self.procs[r].pid, signal.SIGINT)
+        self.collect(task, time.monotonic() + wait_s, stream, grace=wait_s)
+        still = sorted(task.pending)
+        stacks = self.stacks(still) if still else {}
+        for r in still:
+            self.procs[r].state = "stuck"
+            task.pending.discard(r)
+        return stacks
+
+    def _after_interrupt(self, task: _Task, on_failure: str, stream: bool) -> None:
+        """The kernel was interrupted (stop button) while ranks were running ``task``."""
+        if on_failure == "kill":
+            self.kill()
+            return
+        stuck = self._interrupt(task, stream)
+        outputs = {r: _output.decode(task.outputs.get(r, b"")) for r in task.targets}
+        if not stream:
+            _output.emit(_output.render(outputs))
+        if stuck:
+            _output.emit(str(RankTimeout(0, stuck, sorted(task.replies), self.world_size,
+                                         _STUCK_HINT)).replace(
+                "did not finish within 0 s", "could not be interrupted (stuck inside C++)"
+            ) + "\n")
+
+    # -- inspecting and stopping ranks ------------------------------------------------------------
+
+    def stacks(self, ranks: list[int]) -> dict[int, str]:
+        """The main-thread Python stack of each rank in ``ranks`` (they must be alive)."""
+        asked = {}
+        for r in ranks:
+            proc = self.procs[r]
+            try:
+                proc.dbg.send_bytes(b"stack")
+                asked[proc.dbg] = proc
+            except OSError:
+                pass
+        stacks: dict[int, str] = {}
+        deadline = time.monotonic() + _STACK_WAIT
+        while asked and time.monotonic() < deadline:
+            fds = {p.out_fd: p for p in self.procs if p.out_fd is not None}
+            for obj in wait([*asked, *fds], timeout=max(0.0, deadline - time.monotonic())):
+                if isinstance(obj, int):
+                    self._read(fds[obj], stream=False)
+                    continue
+                proc = asked.pop(obj)
+                try:
+                    stacks[proc.rank] = _output.decode(obj.recv_bytes())
+                except (EOFError, OSError):
+                    stacks[proc.rank] = "(the rank exited while being asked for its stack)"
+        for proc in asked.values():
+            # The watch thread did not answer: the main thread holds the GIL inside C code.
+            stacks[proc.rank] = self._faulthandler_stack(proc)
+        return {r: stacks[r] for r in sorted(stacks)}
+
+    def _faulthandler_stack(self, proc: _Proc) -> str:
+        before = len(proc.buf)
+        self._signal(proc.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline and proc.out_fd is not None:
+            if wait([proc.out_fd], timeout=0.1):
+                self._read(proc, stream=False)
+        dump = _output.decode(bytes(proc.buf[before:]))
+        del proc.buf[before:]
+        return (
+            "(the rank is busy inside C/C++ code holding the interpreter lock; this is "
+            "faulthandler's view, innermost call first)\n" + dump
+        )
+
+    def _signal(self, pid: int, sig: int) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    @staticmethod
+    def _killpg(pid: int) -> None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill(self, ranks: list[int] | None = None) -> None:
+        """SIGKILL ranks (default: all) and everything they started; wait until they are gone."""
+        procs = [p for p in self.procs if p.alive and (ranks is None or p.rank in ranks)]
+        for p in procs:
+            self._killpg(p.pid)
+        for p in procs:
+            self._reap(p)
+
+    def _reap(self, proc: _Proc) -> None:
+        if proc.exitcode is None:
+            proc.exitcode = self.starter.wait_exit(proc.pid, 5.0)
+        proc.state = "dead"
+        for conn in (proc.ctrl, proc.dbg):
+            conn.close()
+        if proc.out_fd is not None:
+            os.close(proc.out_fd)
+            proc.out_fd = None
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Ask live ranks to exit (destroying their process group), kill stragglers, clean up."""
+        live = [p for p in self.procs if p.alive]
+        bye = pickle.dumps({"op": "exit"})
+        for p in live:
+            try:
+                if p.state == "idle":
+                    p.ctrl.send_bytes(bye)
+                else:
+                    self._killpg(p.pid)
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout
+        for p in live:
+            if p.state == "idle":
+                left = max(0.0, deadline - time.monotonic())
+                if not p.ctrl.poll(left):  # EOF (the rank exited) makes the connection readable
+                    self._killpg(p.pid)
+                else:
+                    while p.out_fd is not None and wait([p.out_fd], timeout=0.2):
+                        self._read(p, stream=False)
+        for p in live:
+            self._reap(p)
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def __del__(self):
+        # Last resort (e.g. the object is dropped after an error): never leave ranks behind.
+        try:
+            if any(p.alive for p in self.procs):
+                self.kill()
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+        except Exception:
+            pass
+
+
+_STUCK_HINT = (
+    "These ranks are stuck inside C++ (typically a collective waiting for a rank that will "
+    "never join) and cannot be interrupted. Run `cluster.restart()` to start fresh ranks; "
+    "their variables are lost."
+)
+
+
+def _child_marker(token: str, task_id: int) -> bytes:
+    from ._child import marker
+
+    return marker(token, task_id)
+
+
+def _failure(rank: int, reply: dict) -> RankFailure:
+    return RankFailure(
+        rank,
+        reply["type"],
+        reply["message"],
+        traceback=reply["traceback"],
+        stage=reply["stage"],
+    )

@@ -1,0 +1,71 @@
+"""Shipping code and data between the notebook and the ranks.
+
+Functions and classes defined in notebook cells live in the kernel's ``__main__``, which no other
+process can import. cloudpickle sends them *by value* (their code, not their name); the rank then
+publishes them under ``__main__`` again (`distlab._child.adopt_into_main`). The cells' source text
+travels too, so a traceback or a stuck rank's stack shows the learner's own lines.
+"""
+
+from __future__ import annotations
+
+import linecache
+
+import cloudpickle
+
+
+class ShipError(TypeError):
+    """Something given to distlab cannot be sent to the ranks."""
+
+
+def dumps(op: str, *body: object) -> bytes:
+    return cloudpickle.dumps((op, *body))
+
+
+def dumps_call(fn, args: tuple, kwargs: dict) -> bytes:
+    """The payload for "call fn(*args, **kwargs)"; names the culprit if something won't pickle."""
+    try:
+        return dumps("call", fn, args, kwargs)
+    except Exception as e:
+        parts = [("the function " + getattr(fn, "__name__", repr(fn)), fn)]
+        parts += [(f"positional argument {i} ({type(a).__name__})", a) for i, a in enumerate(args)]
+        parts += [(f"keyword argument {k!r} ({type(v).__name__})", v) for k, v in kwargs.items()]
+        for what, obj in parts:
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as inner:
+                raise ShipError(
+                    f"{what} cannot be sent to the ranks: {type(inner).__name__}: {inner}\n"
+                    "Each rank is a separate process, so everything it receives is pickled. "
+                    "Create this object inside the function instead (open files, locks, sockets, "
+                    "process groups and generators cannot travel)."
+                ) from None
+        raise ShipError(f"cannot send the call to the ranks: {type(e).__name__}: {e}") from None
+
+
+def loads(data: bytes):
+    return cloudpickle.loads(data)
+
+
+def _cell_sources() -> dict[str, list[str]]:
+    """linecache entries that exist only in memory: notebook cells (IPython marks them mtime=None)."""
+    out = {}
+    for name, entry in list(linecache.cache.items()):
+        if len(entry) == 4 and entry[1] is None and entry[2]:
+            out[name] = entry[2]
+    return out
+
+
+class LineShipper:
+    """Sends each cell's source to a group's ranks once (and again if it changes)."""
+
+    def __init__(self) -> None:
+        self._sent: dict[str, int] = {}
+
+    def new(self) -> dict[str, list[str]]:
+        fresh = {}
+        for name, lines in _cell_sources().items():
+            key = hash(tuple(lines))
+            if self._sent.get(name) != key:
+                self._sent[name] = key
+                fresh[name] = lines
+        return fresh

@@ -1,0 +1,313 @@
+"""The zygote: one warm Python process, with torch imported, that forks the ranks.
+
+Why not fork the notebook kernel? The kernel runs threads (ZMQ, heartbeats, torch's own pools), and a
+fork taken while another thread holds a lock gives a child that hangs forever on that lock. Why not
+spawn a fresh interpreter per rank? Each would spend ~1.5 s importing torch.
+
+So the kernel starts this process once, with a clean exec (no inherited threads or locks). It
+imports torch, then waits on a Unix socket for "fork" requests. Each request carries the file
+descriptors of one rank's pipes (passed with SCM_RIGHTS); the zygote forks, and the child becomes
+the rank (see `_child.rank_main`). Forking a single-threaded process that already has torch loaded
+takes milliseconds.
+
+The zygote also reaps its children and reports their exit status, because the kernel is not their
+parent and cannot `waitpid` them. When the kernel goes away the socket closes and the zygote exits.
+
+This module holds both sides: `serve()` runs inside the zygote, `Zygote` is the kernel's handle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+#: Modules imported once in the zygote, so that every rank starts with them loaded.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.distributed_c10d",
+    "torch.nn",
+    "torch.nn.parallel",
+    "torch.optim",
+    "cloudpickle",
+    "distlab._child",
+)
+
+_MAX_MSG = 1 << 20
+_MAX_FDS = 8
+
+
+def _send(sock: socket.socket, msg: object, fds: list[int] = ()) -> None:
+    data = pickle.dumps(msg)
+    if fds:
+        socket.send_fds(sock, [data], list(fds))
+    else:
+        sock.sendall(data)
+
+
+def _recv(sock: socket.socket):
+    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, _MAX_FDS)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        raise EOFError
+    return pickle.loads(data), fds
+
+
+# ----------------------------------------------------------------------------------------------
+# Inside the zygote
+# ----------------------------------------------------------------------------------------------
+
+
+def serve(sock_fd: int) -> None:
+    """Main loop of the zygote process (runs `python -c "...serve(fd)"`)."""
+    import select
+    import traceback
+
+    sock = socket.socket(fileno=sock_fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in a terminal is the kernel's business
+    try:
+        import importlib
+
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except BaseException:
+        _send(sock, ("error", traceback.format_exc()))
+        return
+
+    # SIGCHLD wakes the select loop through a pipe, so exits are reported promptly.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    try:
+        _send(sock, ("ready", os.getpid()))
+        _loop(sock, wake_r, wake_w)
+    except OSError:
+        pass  # the kernel went away (e.g. `python -c "import distlab"` exited at once)
+
+
+def _loop(sock: socket.socket, wake_r: int, wake_w: int) -> None:
+    import select
+    import traceback
+
+    children: set[int] = set()
+    while True:
+        readable, _, _ = select.select([sock, wake_r], [], [])
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+            _reap(sock, children)
+        if sock not in readable:
+            continue
+        try:
+            msg, fds = _recv(sock)
+        except (EOFError, OSError):
+            break  # the kernel is gone; ranks notice on their own pipes and exit too
+        kind, token, spec = msg
+        if kind != "fork":
+            for fd in fds:
+                os.close(fd)
+            continue
+        pid = os.fork()
+        if pid == 0:  # the new rank
+            code = 70
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                sock.close()
+                os.close(wake_r)
+                os.close(wake_w)
+                from distlab._child import rank_main
+
+                code = rank_main(*fds, spec)
+            except BaseException:
+                try:
+                    traceback.print_exc()
+                    sys.stderr.flush()
+                except BaseException:
+                    pass
+            finally:
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        children.add(pid)
+        _send(sock, ("forked", token, pid))
+        _reap(sock, children)
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    for pid in list(children):
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            children.discard(pid)
+            continue
+        if done:
+            children.discard(pid)
+            try:
+                _send(sock, ("exited", pid, status))
+            except OSError:
+                pass
+
+
+# ----------------------------------------------------------------------------------------------
+# In the kernel
+# ----------------------------------------------------------------------------------------------
+
+
+class ZygoteError(RuntimeError):
+    """The zygote could not be started (for example, torch failed to import)."""
+
+
+class Zygote:
+    """Kernel-side handle: start the zygote, ask it to fork ranks, learn how they exited."""
+
+    def __init__(self, env: dict[str, str] | None = None):
+        self._sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        boot = (
+            "import sys, json, os; sys.path[:0] = json.loads(os.environ.pop('DISTLAB_SYS_PATH'));"
+            "from distlab._zygote import serve; serve(%d)" % child_sock.fileno()
+        )
+        full_env = dict(os.environ if env is None else env)
+        full_env["DISTLAB_SYS_PATH"] = json.dumps([p for p in sys.path if p])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", boot],
+            pass_fds=[child_sock.fileno()],
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        child_sock.close()
+        self._cond = threading.Condition()
+        self._forked: dict[int, int] = {}
+        self._exited: dict[int, int] = {}
+        self._ready = False
+        self._error: str | None = None
+        self._closed = False
+        self._token = 0
+        self._send_lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read_loop, name="distlab-zygote", daemon=True)
+        self._reader.start()
+
+    # The reader thread is the only one that receives, so exit reports never pile up unread.
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                msg, fds = _recv(self._sock)
+            except (EOFError, OSError):
+                break
+            for fd in fds:
+                os.close(fd)
+            with self._cond:
+                if msg[0] == "ready":
+                    self._ready = True
+                elif msg[0] == "error":
+                    self._error = msg[1]
+                elif msg[0] == "forked":
+                    self._forked[msg[1]] = msg[2]
+                elif msg[0] == "exited":
+                    self._exited[msg[1]] = msg[2]
+                self._cond.notify_all()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._error is None and self.proc.poll() is None
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._ready:
+                if self._error or self._closed:
+                    raise ZygoteError(
+                        "distlab could not start its helper process (the one that imports torch "
+                        "once and forks the ranks):\n"
+                        + (self._error or f"it exited with code {self.proc.poll()}")
+                        + "\nCheck that `import torch` works in this environment."
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ZygoteError(
+                        f"distlab's helper process did not finish importing torch in {timeout:.0f} s"
+                    )
+                self._cond.wait(left)
+
+    def fork(self, spec: dict, fds: list[int], timeout: float = 120.0) -> int:
+        """Fork one rank with `fds` (ctrl, dbg, out) and `spec`; return its pid."""
+        self.wait_ready(timeout)
+        with self._send_lock:
+            self._token += 1
+            token = self._token
+            _send(self._sock, ("fork", token, spec), fds)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while token not in self._forked:
+                if self._closed:
+                    raise ZygoteError("distlab's helper process exited while starting a rank")
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+                if time.monotonic() > deadline:
+                    raise ZygoteError("distlab's helper process did not start a rank in time")
+            return self._forked.pop(token)
+
+    def wait_exit(self, pid: int, timeout: float) -> int | None:
+        """Exit code of rank `pid` (negative: killed by that signal), or None if still running."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while pid not in self._exited:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    return None
+                self._cond.wait(left)
+            return os.waitstatus_to_exitcode(self._exited.pop(pid))
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        finally:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+_lock = threading.Lock()
+_zygote: Zygote | None = None
+
+
+def get() -> Zygote:
+    """The shared zygote, started on first use (or restarted if it died)."""
+    global _zygote
+    with _lock:
+        if _zygote is None or not _zygote.alive:
+            _zygote = Zygote(_zygote_env())
+        return _zygote
+
+
+def warm() -> None:
+    """Start the zygote now so torch is imported by the time the first launch needs it."""
+    if supported():
+        get()
+
+
+def supported() -> bool:
+    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+
+
+def _zygote_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["DISTLAB_NO_WARM"] = "1"  # `import distlab` inside the zygote or a rank starts no zygote
+    # Import torch with small thread pools; each rank then sets its own budget.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.setdefault(var, "1")
+    return env

@@ -1,0 +1,183 @@
+"""The errors distlab raises when something goes wrong on a rank, written for the person reading them.
+
+`RankError`: one or more ranks raised, or died. The root cause comes first; errors that other ranks
+hit *because* of it (a peer's connection closed, a collective timed out) are marked as consequences.
+
+`RankTimeout`: ranks did not finish in time. Shows the Python stack of every stuck rank, with the
+notebook's own source lines, so the learner sees the exact line each rank is waiting on.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+
+# Messages that mean "a peer went away" or "a collective waited too long" rather than a bug of
+# their own. A failure like this that happens after another rank's failure is a consequence.
+_CONSEQUENCE = re.compile(
+    r"Connection closed by peer|Connection reset|Broken pipe|ECONNRESET|Connection refused"
+    r"|timed out|Timeout|timeout|DistBackendError|DistNetworkError|communicator was aborted"
+    r"|Socket closed|closed by peer|Read error|recv.*failed|Connection was likely closed",
+)
+
+
+@dataclass
+class RankFailure:
+    """What went wrong on one rank."""
+
+    rank: int
+    type: str  #: exception class name, e.g. "ValueError"; "died" if the process died
+    message: str
+    traceback: str = ""
+    stage: str = "raised"  #: raised | init | load | result | died
+    exitcode: int | None = None  #: for a rank that died: its exit code (negative: signal)
+    consequence: bool = False
+    output_tail: str = ""
+
+    @property
+    def signal(self) -> str | None:
+        if self.exitcode is not None and self.exitcode < 0:
+            try:
+                return signal.Signals(-self.exitcode).name
+            except ValueError:
+                return f"signal {-self.exitcode}"
+        return None
+
+    def headline(self) -> str:
+        if self.stage == "died":
+            return f"rank {self.rank} died: {self.message}"
+        what = {
+            "init": "could not initialize the process group",
+            "load": "could not load the function sent to it",
+            "result": "returned a value that cannot be sent back to the notebook",
+        }.get(self.stage, "raised")
+        return f"rank {self.rank} {what}: {self.type}: {self.message}".rstrip(": ")
+
+
+class RankError(RuntimeError):
+    """One or more ranks failed. ``failures[0]`` (also ``primary``) is the root cause.
+
+    Attributes: ``failures`` (list of `RankFailure`, root causes first, then consequences),
+    ``stopped`` (ranks distlab stopped because another failed), ``world_size``.
+    """
+
+    def __init__(self, failures: list[RankFailure], stopped: list[int], world_size: int):
+        self.failures = failures
+        self.stopped = stopped
+        self.world_size = world_size
+        super().__init__(self._render())
+
+    @property
+    def primary(self) -> RankFailure:
+        return self.failures[0]
+
+    @property
+    def ranks(self) -> list[int]:
+        return [f.rank for f in self.failures]
+
+    def _render(self) -> str:
+        lines = [self.primary.headline()]
+        shown: dict[str, list[int]] = {}  # identical tracebacks are shown once
+        for f in self.failures:
+            key = f"{f.type}\n{f.message}\n{f.traceback}\n{f.stage}\n{f.consequence}"
+            shown.setdefault(key, []).append(f.rank)
+        for key, ranks in shown.items():
+            f = next(x for x in self.failures if x.rank == ranks[0])
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+            lines.append("")
+            if f.consequence:
+                lines.append(f"--- {who}: failed as a consequence of the error above ---")
+            else:
+                lines.append(f"--- {who} ---")
+            if f.stage == "died":
+                lines.append(f"{who} died: {f.message}")
+                if f.output_tail:
+                    lines.append("last output:")
+                    lines.extend("  " + x for x in f.output_tail.rstrip("\n").splitlines())
+            else:
+                lines.append(f.traceback.rstrip("\n") or f"{f.type}: {f.message}")
+        if self.stopped:
+            lines.append("")
+            lines.append(
+                "distlab stopped rank(s) "
+                + ", ".join(map(str, self.stopped))
+                + " after the failure above (they were still running)."
+            )
+        return "\n".join(lines)
+
+
+class RankTimeout(TimeoutError):
+    """Ranks did not finish within the timeout. ``stacks[rank]`` is where each stuck rank waits.
+
+    Attributes: ``timeout`` (seconds), ``stacks`` (dict rank -> formatted Python stack),
+    ``finished`` (ranks that did finish), ``world_size``.
+    """
+
+    def __init__(
+        self,
+        timeout: float,
+        stacks: dict[int, str],
+        finished: list[int],
+        world_size: int,
+        hint: str = "",
+    ):
+        self.timeout = timeout
+        self.stacks = stacks
+        self.finished = finished
+        self.world_size = world_size
+        self.hint = hint
+        super().__init__(self._render())
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.stacks)
+
+    def _render(self) -> str:
+        stuck = self.ranks
+        lines = [
+            f"{len(stuck)} of {self.world_size} ranks did not finish within {self.timeout:g} s: "
+            + ", ".join(f"rank {r}" for r in stuck)
+            + "."
+        ]
+        for r in stuck:
+            lines.append("")
+            lines.append(f"--- rank {r} is stuck here (most recent call last) ---")
+            lines.append(self.stacks[r].rstrip("\n") or "(no Python stack available)")
+        if self.finished:
+            lines.append("")
+            lines.append("Finished: " + ", ".join(f"rank {r}" for r in self.finished) + ".")
+        lines.append("")
+        lines.append(
+            self.hint
+            or "A collective (all_reduce, barrier, ...) waits until every rank of the group calls "
+            "it. Look for a rank that skipped it, called a different one, or is waiting for a "
+            "message nobody sends."
+        )
+        return "\n".join(lines)
+
+
+def looks_like_consequence(type_name: str, message: str) -> bool:
+    return bool(_CONSEQUENCE.search(type_name) or _CONSEQUENCE.search(message))
+
+
+def order_failures(failures: list[RankFailure]) -> list[RankFailure]:
+    """Root causes first, then consequences, each in rank order (so the report is deterministic).
+
+    A failure that looks like a reaction to a peer going away (connection closed, timed out) is a
+    consequence when some other failure does not look like that. If *every* failure looks like
+    that, the earliest one (``failures`` arrives in time order) is taken as the root cause.
+    """
+    if not failures:
+        return []
+    for f in failures:
+        f.consequence = f.stage != "died" and looks_like_consequence(f.type, f.message)
+    roots = sorted((f for f in failures if not f.consequence), key=lambda f: f.rank)
+    if not roots:
+        failures[0].consequence = False
+        roots = [failures[0]]
+    rest = sorted((f for f in failures if f.consequence), key=lambda f: f.rank)
+    return roots + rest
+
+
+__all__ = ["RankError", "RankFailure", "RankTimeout"]
