@@ -46,7 +46,7 @@ def rank_main(ctrl_fd: int, dbg_fd: int, out_fd: int, spec: dict) -> int:
 
     import faulthandler
 
-    faulthandler.enable(file=sys.stderr)  # segfaults print a Python stack into the rank's output
+    faulthandler.enable(file=sys.stderr, all_threads=False)  # segfaults print a Python stack into the rank's output
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=False)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -280,7 +280,8 @@ class RankGroup:
         task.pending.discard(proc.rank)
         text = _output.decode(bytes(proc.buf))
         task.outputs[proc.rank] = bytes(proc.buf)
-        tail = "\n".join(text.rstrip("\n").splitlines()[-15:])
+        lines = [x for x in text.rstrip("\n").splitlines() if not x.startswith("Extension modules:")]
+        tail = "\n".join(lines[-20:])
         self._fail(
             task,
             RankFailure(
@@ -299,6 +300,8 @@ class RankGroup:
             task.first_failure_at = time.monotonic()
 
     def _read(self, proc: _Proc, stream: bool) -> None:
+        if proc.out_fd is None:
+            return  # closed while this fd was waiting in a ready-list
         try:
             data = os.read(proc.out_fd, 65536)
         except BlockingIOError:
@@ -490,6 +493,10 @@ class RankGroup:
         if proc.exitcode is None:
             proc.exitcode = self.starter.wait_exit(proc.pid, 5.0)
         proc.state = "dead"
+        self._close_channels(proc)
+
+    @staticmethod
+    def _close_channels(proc: _Proc) -> None:
         for conn in (proc.ctrl, proc.dbg):
             conn.close()
         if proc.out_fd is not None:
@@ -519,6 +526,8 @@ class RankGroup:
                         self._read(p, stream=False)
         for p in live:
             self._reap(p)
+        for p in self.procs:  # ranks that died on their own still hold kernel-side ends
+            self._close_channels(p)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def __del__(self):

@@ -68,7 +68,6 @@ def _recv(sock: socket.socket):
 
 def serve(sock_fd: int) -> None:
     """Main loop of the zygote process (runs `python -c "...serve(fd)"`)."""
-    import select
     import traceback
 
     sock = socket.socket(fileno=sock_fd)
