@@ -14,7 +14,24 @@ from .launcher import launch
 
 __version__ = "0.1.0"
 
-__all__ = ["RankError", "RankFailure", "RankTimeout", "ShipError", "launch", "__version__"]
+__all__ = [
+    "RankError",
+    "RankFailure",
+    "RankTimeout",
+    "ShipError",
+    "launch",
+    "versions",
+    "__version__",
+]
+
+
+def versions() -> str:
+    """One line naming the versions a notebook ran with (its first cell prints it)."""
+    import platform
+
+    import torch
+
+    return f"Python {platform.python_version()}, torch {torch.__version__}, distlab {__version__}"
 
 
 def _warm_start() -> None:

@@ -245,6 +245,10 @@ class _Rank:
             import torch.distributed as dist
 
             if dist.is_available() and dist.is_initialized():
+                # Keep a reference so the C++ object outlives destroy_process_group(): its
+                # destructor closes gloo's sockets one peer at a time (~10 ms per rank), and the
+                # process exits right after this anyway, which closes them all at once.
+                self.world = dist.group.WORLD
                 dist.destroy_process_group()
         except BaseException:
             traceback.print_exc()
