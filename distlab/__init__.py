@@ -9,17 +9,22 @@ from __future__ import annotations
 import os
 
 from ._ship import ShipError
-from .errors import RankError, RankFailure, RankTimeout
+from .cluster import Cluster
+from .errors import ClusterBroken, RankError, RankFailure, RankTimeout
 from .launcher import launch
+from .magic import load_ipython_extension
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cluster",
+    "ClusterBroken",
     "RankError",
     "RankFailure",
     "RankTimeout",
     "ShipError",
     "launch",
+    "load_ipython_extension",
     "versions",
     "__version__",
 ]

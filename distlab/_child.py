@@ -211,6 +211,12 @@ class _Rank:
     def setup(self) -> None:
         import torch
 
+        import torch.distributed as dist
+
+        # What a %%ranks cell can use without importing anything.
+        vars(sys.modules["__main__"]).update(
+            torch=torch, dist=dist, rank=self.spec["rank"], world_size=self.spec["world_size"]
+        )
         threads = self.spec["threads"]
         torch.set_num_threads(threads)
         try:
@@ -221,8 +227,6 @@ class _Rank:
         if backend is None:
             return
         import datetime
-
-        import torch.distributed as dist
 
         rank, world_size = self.spec["rank"], self.spec["world_size"]
         kwargs = {}
@@ -320,7 +324,8 @@ class _Rank:
         return fn(*args, **kwargs)
 
     def op_exec(self, source: str, filename: str):
-        """Run a cell in the rank's ``__main__`` namespace; return its last expression's value."""
+        """Run a cell in the rank's ``__main__`` namespace; return the repr of its last
+        expression's value (like IPython's ``Out``), or None."""
         main = sys.modules["__main__"]
         install_sources({filename: source.splitlines(keepends=True)})
         tree = ast.parse(source, filename=filename)
@@ -330,7 +335,10 @@ class _Rank:
         ns = main.__dict__
         exec(compile(tree, filename, "exec"), ns)
         if last is not None:
-            return eval(compile(last, filename, "eval"), ns)
+            value = eval(compile(last, filename, "eval"), ns)
+            if value is not None:
+                ns["_"] = value
+                return repr(value)  # shown in the notebook; the object itself may not pickle
         return None
 
     def op_push(self, values: dict):

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from . import _output, _ship
-from .errors import RankError, RankFailure, RankTimeout, order_failures
+from ._child import marker
+from .errors import ClusterBroken, RankError, RankFailure, RankTimeout, order_failures
 
 #: Task messages bigger than this go through a file (a socket write could otherwise block).
 _INLINE_LIMIT = 64 * 1024
@@ -41,6 +42,7 @@ class _Proc:
     state: str = "idle"  # idle | busy | stuck | dead
     exitcode: int | None = None
     last_seconds: float | None = None
+    stale: int | None = None  # id of the task a stuck rank is still running
 
     @property
     def alive(self) -> bool:
@@ -207,12 +209,24 @@ class RankGroup:
         try:
             self.collect(task, task.started + timeout, stream, grace)
         except KeyboardInterrupt:
-            self._after_interrupt(task, on_failure, stream)
+            self.after_interrupt(task, on_failure, stream)
             raise
         return self.finish(task, timeout, stream, on_failure)
 
     def submit(self, payload: bytes, ranks: list[int] | None = None) -> _Task:
         targets = list(range(self.world_size)) if ranks is None else list(ranks)
+        self.recover()
+        broken = [self.procs[r] for r in targets if self.procs[r].state in ("stuck", "dead")]
+        if broken:
+            raise ClusterBroken(
+                "; ".join(
+                    f"rank {p.rank} is stuck inside C++ since an earlier cell"
+                    if p.state == "stuck"
+                    else f"rank {p.rank} is dead ({_exit_text(p.exitcode)})"
+                    for p in broken
+                )
+                + ". Run `cluster.restart()` to start fresh ranks (their variables are lost)."
+            )
         self._next_id += 1
         task = _Task(
             self._next_id,
@@ -322,8 +336,10 @@ class RankGroup:
                 proc.streamed = end
 
     def _take_output(self, task: _Task, proc: _Proc, stream: bool) -> None:
-        """Split off this task's output: everything up to the rank's end marker."""
-        mark = task.marker[proc.rank]
+        task.outputs[proc.rank] = self._split_output(proc, task.marker[proc.rank], stream)
+
+    def _split_output(self, proc: _Proc, mark: bytes, stream: bool) -> bytes:
+        """Split off one task's output: everything up to the rank's end marker for it."""
         deadline = time.monotonic() + 5.0
         while mark not in proc.buf and proc.out_fd is not None and time.monotonic() < deadline:
             if wait([proc.out_fd], timeout=0.5):
@@ -337,43 +353,45 @@ class RankGroup:
         out = bytes(proc.buf[:idx])
         if stream and proc.streamed < len(out):
             _output.emit(_output.prefix(proc.rank, _output.decode(out[proc.streamed :])))
-        task.outputs[proc.rank] = out
         proc.buf = rest
         proc.streamed = 0
+        return out
 
     # -- after the wait: what happened? -----------------------------------------------------------
 
     def finish(self, task: _Task, timeout: float, stream: bool, on_failure: str) -> list:
         stuck: dict[int, str] = {}
         stopped: list[int] = []
-        if task.pending:
-            pending = sorted(task.pending)
-            if task.failures and on_failure == "kill":
-                stopped = pending
+        hint = ""
+        pending = sorted(task.pending)
+        finished = sorted(task.replies)
+        if pending and task.failures:  # the others are probably waiting for the failed rank
+            if on_failure == "kill":
                 self.kill(pending)
-            elif task.failures:  # interrupt: the others may be stuck waiting for the failed one
+                stopped = pending
+            else:
                 stuck = self._interrupt(task, stream)
                 stopped = [r for r in pending if r not in stuck]
+        elif pending:  # a time-out
+            stuck = self.stacks(pending)  # where they were, before anything is disturbed
+            if on_failure == "kill":
+                self.kill(pending)
             else:
-                stuck = self.stacks(pending)
-                for r in pending:
-                    self.procs[r].state = "stuck"
-                if on_failure == "kill":
-                    self.kill(pending)
-            for r in pending:
-                proc = self.procs[r]
-                task.outputs.setdefault(r, bytes(proc.buf))
+                still = self._interrupt(task, stream, with_stacks=False)
+                hint = _STUCK_HINT if still else _RECOVERED_HINT
+        for r in pending:
+            task.outputs.setdefault(r, bytes(self.procs[r].buf))
         if not stream:
             _output.emit(
                 _output.render({r: _output.decode(task.outputs.get(r, b"")) for r in task.targets})
             )
         if task.failures:
-            raise RankError(order_failures(task.failures), stopped, self.world_size) from None
+            failures = order_failures(task.failures)
+            raise RankError(failures, stopped, self.world_size, stuck) from None
         if stuck:
-            hint = ""
-            if on_failure != "kill":
+            if task.failures == [] and on_failure != "kill" and not hint:
                 hint = _STUCK_HINT
-            raise RankTimeout(timeout, stuck, sorted(task.replies), self.world_size, hint)
+            raise RankTimeout(timeout, stuck, finished, self.world_size, hint)
         values = []
         for r in task.targets:
             try:
@@ -393,32 +411,64 @@ class RankGroup:
                 ) from None
         return values
 
-    def _interrupt(self, task: _Task, stream: bool, wait_s: float = 2.0) -> dict[int, str]:
-        """Interrupt pending ranks (SIGINT); return the stacks of those that stay stuck."""
+    def _interrupt(
+        self, task: _Task, stream: bool, wait_s: float = 2.0, with_stacks: bool = True
+    ) -> dict[int, str]:
+        """Interrupt pending ranks (SIGINT) and wait up to ``wait_s`` for them to stop.
+
+        Returns the ranks that stay stuck (with their stacks if ``with_stacks``); those are
+        stuck inside C++ and need a restart. KeyboardInterrupts caused here are not reported
+        as the learner's errors.
+        """
         for r in list(task.pending):
             self._signal(self.procs[r].pid, signal.SIGINT)
+        n_before, first = len(task.failures), task.first_failure_at
+        task.first_failure_at = None
         self.collect(task, time.monotonic() + wait_s, stream, grace=wait_s)
+        task.first_failure_at = first
+        task.failures[n_before:] = [
+            f for f in task.failures[n_before:] if f.type != "KeyboardInterrupt"
+        ]
         still = sorted(task.pending)
-        stacks = self.stacks(still) if still else {}
+        stacks = self.stacks(still) if still and with_stacks else {r: "" for r in still}
         for r in still:
-            self.procs[r].state = "stuck"
+            proc = self.procs[r]
+            proc.state = "stuck"
+            proc.stale = task.id
             task.pending.discard(r)
+            task.outputs[r] = bytes(proc.buf)
+            proc.buf.clear()
         return stacks
 
-    def _after_interrupt(self, task: _Task, on_failure: str, stream: bool) -> None:
+    def after_interrupt(self, task: _Task, on_failure: str, stream: bool) -> None:
         """The kernel was interrupted (stop button) while ranks were running ``task``."""
         if on_failure == "kill":
             self.kill()
             return
         stuck = self._interrupt(task, stream)
-        outputs = {r: _output.decode(task.outputs.get(r, b"")) for r in task.targets}
         if not stream:
+            outputs = {r: _output.decode(task.outputs.get(r, b"")) for r in task.targets}
             _output.emit(_output.render(outputs))
         if stuck:
-            _output.emit(str(RankTimeout(0, stuck, sorted(task.replies), self.world_size,
-                                         _STUCK_HINT)).replace(
-                "did not finish within 0 s", "could not be interrupted (stuck inside C++)"
-            ) + "\n")
+            report = RankTimeout(0, stuck, sorted(task.replies), self.world_size, _STUCK_HINT)
+            _output.emit(
+                str(report).replace("did not finish within 0 s", "could not be interrupted") + "\n"
+            )
+
+    def recover(self) -> None:
+        """Ranks marked stuck that have since finished (e.g. a collective timed out in C++)
+        become usable again; their late output is dropped."""
+        for proc in self.procs:
+            if proc.state != "stuck" or not proc.ctrl.poll(0):
+                continue
+            try:
+                reply = pickle.loads(proc.ctrl.recv_bytes())
+            except (EOFError, OSError):
+                self._on_death(None, proc)
+                continue
+            self._split_output(proc, _child_marker(self.token, reply["id"]), stream=False)
+            proc.state = "idle"
+            proc.stale = None
 
     # -- inspecting and stopping ranks ------------------------------------------------------------
 
@@ -540,6 +590,11 @@ class RankGroup:
             pass
 
 
+_RECOVERED_HINT = (
+    "distlab interrupted them and the cluster is usable again. A collective that was cut off "
+    "halfway can leave the ranks out of step: if the next cell hangs, run `cluster.restart()`."
+)
+
 _STUCK_HINT = (
     "These ranks are stuck inside C++ (typically a collective waiting for a rank that will "
     "never join) and cannot be interrupted. Run `cluster.restart()` to start fresh ranks; "
@@ -548,8 +603,6 @@ _STUCK_HINT = (
 
 
 def _child_marker(token: str, task_id: int) -> bytes:
-    from ._child import marker
-
     return marker(token, task_id)
 
 

@@ -59,13 +59,21 @@ class RankError(RuntimeError):
     """One or more ranks failed. ``failures[0]`` (also ``primary``) is the root cause.
 
     Attributes: ``failures`` (list of `RankFailure`, root causes first, then consequences),
-    ``stopped`` (ranks distlab stopped because another failed), ``world_size``.
+    ``stopped`` (ranks distlab stopped because another failed), ``stuck`` (Cluster only: ranks
+    left stuck inside C++, with their stacks), ``world_size``.
     """
 
-    def __init__(self, failures: list[RankFailure], stopped: list[int], world_size: int):
+    def __init__(
+        self,
+        failures: list[RankFailure],
+        stopped: list[int],
+        world_size: int,
+        stuck: dict[int, str] | None = None,
+    ):
         self.failures = failures
         self.stopped = stopped
         self.world_size = world_size
+        self.stuck = stuck or {}  #: (Cluster) ranks left stuck inside C++: rank -> stack
         super().__init__(self._render())
 
     @property
@@ -97,6 +105,16 @@ class RankError(RuntimeError):
                     lines.extend("  " + x for x in f.output_tail.rstrip("\n").splitlines())
             else:
                 lines.append(f.traceback.rstrip("\n") or f"{f.type}: {f.message}")
+        for r in sorted(self.stuck):
+            lines.append("")
+            lines.append(f"--- rank {r} is stuck inside C++, waiting for the failed rank(s) ---")
+            lines.append(self.stuck[r].rstrip("\n") or "(no Python stack available)")
+        if self.stuck:
+            lines.append("")
+            lines.append(
+                "A rank stuck in a collective cannot be interrupted. Run `cluster.restart()` to "
+                "start fresh ranks (their variables are lost)."
+            )
         if self.stopped:
             lines.append("")
             lines.append(
@@ -157,6 +175,10 @@ class RankTimeout(TimeoutError):
         return "\n".join(lines)
 
 
+class ClusterBroken(RuntimeError):
+    """A cluster's rank is stuck inside C++ or dead, so it cannot run cells until restarted."""
+
+
 def looks_like_consequence(type_name: str, message: str) -> bool:
     return bool(_CONSEQUENCE.search(type_name) or _CONSEQUENCE.search(message))
 
@@ -180,4 +202,4 @@ def order_failures(failures: list[RankFailure]) -> list[RankFailure]:
     return roots + rest
 
 
-__all__ = ["RankError", "RankFailure", "RankTimeout"]
+__all__ = ["ClusterBroken", "RankError", "RankFailure", "RankTimeout"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import _config, _ship
 from ._group import RankGroup
+from .errors import RankError, RankTimeout
 
 
 def launch(
@@ -79,6 +80,8 @@ def launch(
         values = group.execute(payload, timeout=timeout, stream=stream, on_failure="kill")
         ok = True
         return values
+    except (RankError, RankTimeout) as e:
+        raise e.with_traceback(None) from None  # the message says it all; skip distlab's frames
     finally:
         if ok:
             group.close()

@@ -1,0 +1,312 @@
+"""`distlab.Cluster`: ranks that stay alive across cells, so you can poke at a process group.
+
+    cluster = distlab.Cluster(world_size=4)
+    cluster.run(fn)              # like distlab.launch, on the live ranks
+    %%ranks                      # (after %load_ext distlab) run a cell on every rank
+
+Uses the same machinery as `distlab.launch` (`distlab._group.RankGroup`): same output, same errors.
+The difference is what happens after a failure: the other ranks are interrupted, not killed, so the
+cluster stays usable after an ordinary Python error.
+"""
+
+from __future__ import annotations
+
+import atexit
+import re
+import threading
+import weakref
+
+from . import _config, _ship
+from ._group import RankGroup
+
+_current: weakref.ref | None = None
+_all: weakref.WeakSet = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def current() -> Cluster:
+    """The most recently started cluster that is still running."""
+    cluster = _current() if _current is not None else None
+    if cluster is None or cluster.closed:
+        live = [c for c in _all if not c.closed]
+        if not live:
+            raise RuntimeError(
+                "No distlab cluster is running. Start one first:\n"
+                "    cluster = distlab.Cluster(world_size=4)"
+            )
+        cluster = max(live, key=lambda c: c._serial)
+    return cluster
+
+
+class PerRank(list):
+    """One value per rank that prints as ``[rank N] value`` lines (a cell's last expression)."""
+
+    def __repr__(self) -> str:
+        lines = []
+        for r, text in self.items():
+            lines.extend(f"[rank {r}] {line}" for line in text.splitlines() or [""])
+        return "\n".join(lines)
+
+    def items(self):
+        return [(r, v) for r, v in zip(self.ranks, self) if v is not None]
+
+    def __init__(self, values, ranks):
+        super().__init__(values)
+        self.ranks = list(ranks)
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(repr(self))
+
+
+class Cluster:
+    """``world_size`` live ranks with the default process group initialized, kept across cells.
+
+    Args:
+        world_size: number of ranks (int >= 1).
+        backend: as for `distlab.launch` (``"auto"``, ``"gloo"``, ``"nccl"``, ..., or None).
+        timeout: default seconds a cell may run before it is declared hung (per call, override
+            with ``run(..., timeout=)`` or ``%%ranks --timeout``). Also the process group's
+            timeout, so a collective stuck in C++ gives up after this long.
+        threads: CPU threads per rank (default: cores // world_size, at least 1).
+        start_method, env: as for `distlab.launch`.
+
+    Raises:
+        TypeError / ValueError: bad ``world_size``, ``backend`` or ``timeout`` (see launch).
+        distlab.RankError: a rank failed while starting (for example NCCL could not start).
+
+    Each rank's namespace (used by ``%%ranks`` cells, `exec`, `push` and `pull`) starts with
+    ``torch``, ``dist`` (``torch.distributed``), ``rank`` and ``world_size``.
+
+    Use it as a context manager, or call `shutdown()`; ranks also die with the kernel.
+    """
+
+    _serial_counter = 0
+
+    def __init__(
+        self,
+        world_size: int = 2,
+        backend: str | None = "auto",
+        *,
+        timeout: float = 60.0,
+        threads: int | None = None,
+        start_method: str | None = None,
+        env: dict[str, str] | None = None,
+    ):
+        self.world_size = _config.check_world_size(world_size)
+        self.timeout = _config.check_timeout(timeout)
+        self._backend_arg = backend
+        self.backend = _config.resolve_backend(backend, self.world_size)
+        self._start_method = _config.check_start_method(start_method)
+        self._threads = threads
+        self._env = env
+        self._cells = 0
+        self._widget = None
+        self._group: RankGroup | None = None
+        self._start()
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        global _current
+        self._group = RankGroup(
+            self.world_size,
+            self.backend,
+            threads=self._threads,
+            pg_timeout=self.timeout,
+            start_method=self._start_method,
+            env=self._env,
+        )
+        try:  # initialize the process group now, so a failure shows up here
+            self._group.execute(_ship.dumps("call", _noop, (), {}), timeout=self.timeout)
+        except BaseException:
+            self._group.kill()
+            self._group.close()
+            raise
+        with _lock:
+            Cluster._serial_counter += 1
+            self._serial = Cluster._serial_counter
+            _all.add(self)
+            _current = weakref.ref(self)
+        self._refresh()
+
+    @property
+    def closed(self) -> bool:
+        return self._group is None
+
+    def shutdown(self) -> None:
+        """Stop every rank (destroying the process group) and free everything. Idempotent."""
+        group, self._group = self._group, None
+        if group is not None:
+            group.close()
+        self._refresh()
+
+    def restart(self) -> None:
+        """Start fresh ranks (the old ones are killed): every rank's variables are lost."""
+        group, self._group = self._group, None
+        if group is not None:
+            group.kill()
+            group.close()
+        self._cells = 0
+        self._start()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def __del__(self):
+        try:
+            if self._group is not None:
+                self._group.kill()
+                self._group.close()
+        except Exception:
+            pass
+
+    # -- running things -------------------------------------------------------------------------
+
+    def _require_group(self) -> RankGroup:
+        if self._group is None:
+            raise RuntimeError(
+                "This cluster has been shut down. Start a new one: "
+                "cluster = distlab.Cluster(world_size=...)"
+            )
+        return self._group
+
+    def _ranks(self, ranks) -> list[int]:
+        if ranks is None:
+            return list(range(self.world_size))
+        if isinstance(ranks, int):
+            ranks = [ranks]
+        out = sorted(set(ranks))
+        bad = [r for r in out if not isinstance(r, int) or not 0 <= r < self.world_size]
+        if bad or not out:
+            raise ValueError(
+                f"ranks must be a non-empty list of ranks between 0 and {self.world_size - 1}, "
+                f"got {ranks!r}"
+            )
+        return out
+
+    def _execute(self, payload: bytes, ranks, timeout, stream: bool) -> list:
+        group = self._require_group()
+        targets = self._ranks(ranks)
+        timeout = self.timeout if timeout is None else _config.check_timeout(timeout)
+        self._refresh(busy=targets)
+        try:
+            return group.execute(
+                payload, ranks=targets, timeout=timeout, stream=stream, on_failure="interrupt"
+            )
+        finally:
+            self._refresh()
+
+    def run(self, fn, *args, ranks=None, timeout: float | None = None, stream=False, **kwargs):
+        """Run ``fn(*args, **kwargs)`` on the live ranks; return one value per rank.
+
+        ``ranks`` (a rank or a list) runs it on some ranks only; the result then has one entry
+        per chosen rank. Errors are those of `distlab.launch`. After a Python error the cluster
+        stays usable; a rank stuck inside C++ raises `distlab.ClusterBroken` until `restart()`.
+        """
+        _config.check_callable(fn, "Cluster.run()")
+        return self._execute(_ship.dumps_call(fn, args, kwargs), ranks, timeout, stream)
+
+    def exec(self, source: str, ranks=None, timeout: float | None = None, stream=False):
+        """Run ``source`` as a cell in every rank's own namespace (what ``%%ranks`` does).
+
+        Returns a `PerRank` list with the repr of the cell's last expression on each rank
+        (None where there is none).
+        """
+        self._cells += 1
+        filename = f"<ranks cell {self._cells}>"
+        payload = _ship.dumps("exec", source, filename)
+        targets = self._ranks(ranks)
+        return PerRank(self._execute(payload, targets, timeout, stream), targets)
+
+    def push(self, ranks=None, **values) -> None:
+        """Set variables in every rank's namespace: ``cluster.push(lr=0.1, model=net)``."""
+        if not values:
+            raise TypeError("push() needs name=value pairs, e.g. cluster.push(lr=0.1)")
+        try:
+            payload = _ship.dumps("push", values)
+        except Exception:
+            _ship.dumps_call(_noop, (), values)  # raises an error naming the culprit
+            raise
+        self._execute(payload, ranks, None, False)
+
+    def pull(self, name: str, ranks=None) -> list:
+        """Get variable ``name`` from every rank's namespace: one value per rank."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise TypeError(f"pull() needs a variable name as a string, got {name!r}")
+        return self._execute(_ship.dumps("pull", name), ranks, None, False)
+
+    # -- looking at it ----------------------------------------------------------------------------
+
+    @property
+    def states(self) -> dict[int, str]:
+        """Each rank's state: idle, busy, stuck or dead."""
+        if self._group is None:
+            return dict.fromkeys(range(self.world_size), "dead")
+        return {p.rank: p.state for p in self._group.procs}
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"<distlab.Cluster world_size={self.world_size}: shut down>"
+        states = ", ".join(f"{r}:{s}" for r, s in self.states.items())
+        return f"<distlab.Cluster world_size={self.world_size} backend={self.backend!r} ranks {states}>"
+
+    def widget(self):
+        """A small live status view (ipywidgets): each rank's state and its last cell's time."""
+        from ._status import StatusView
+
+        if self._widget is None:
+            self._widget = StatusView()
+            self._refresh()
+        return self._widget
+
+    def _refresh(self, busy=()) -> None:
+        if self._widget is None:
+            return
+        rows = []
+        for r in range(self.world_size):
+            state = self.states.get(r, "dead")
+            if r in busy and state == "idle":
+                state = "busy"
+            seconds = None
+            if self._group is not None:
+                seconds = self._group.procs[r].last_seconds
+            rows.append((r, state, seconds))
+        self._widget.update(self.backend, rows)
+
+
+def _noop():
+    return None
+
+
+_COLLECTIVE = re.compile(
+    r"\b(all_reduce|all_gather\w*|reduce_scatter\w*|all_to_all\w*|broadcast\w*|barrier|"
+    r"reduce|gather\w*|scatter\w*|new_group|new_subgroups|monitored_barrier)\s*\("
+)
+
+
+def collective_warning(source: str, ranks: list[int], world_size: int) -> str | None:
+    """A warning if a cell for a subset of ranks calls a collective of the whole group."""
+    if len(ranks) == world_size or "group=" in source:
+        return None
+    m = _COLLECTIVE.search(source)
+    if not m:
+        return None
+    others = [r for r in range(world_size) if r not in ranks]
+    return (
+        f"warning: this cell runs on rank(s) {', '.join(map(str, ranks))} only, but calls "
+        f"{m.group(1)}(). A collective waits for every rank of its group, so it will wait for "
+        f"rank(s) {', '.join(map(str, others))} until the timeout. Run it on all ranks, or "
+        "pass group= a subgroup made (on all ranks) with dist.new_group()."
+    )
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    for cluster in list(_all):
+        try:
+            cluster.shutdown()
+        except Exception:
+            pass

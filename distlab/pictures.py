@@ -1,0 +1,525 @@
+"""Pictures of collectives: what every rank holds before and after, one row per rank.
+
+    from distlab import pictures
+
+    pictures.collective(
+        "broadcast",
+        before=[[1, 2], [0, 0]],        # one entry per rank: rank 0 holds [1, 2], rank 1 [0, 0]
+        after=[[1, 2], [1, 2]],
+        title="src=0",
+        arrows=[(0, 1)],                # optional: data moves from rank 0 to rank 1
+    )
+
+In JupyterLab the result is drawn as coloured cells, each showing its value; the same value has
+the same colour on both sides, so the eye follows the data. It also has a plain-text form (its
+``repr``), one line per rank, which is what ``print`` shows and what nbval compares:
+
+    broadcast: src=0
+    rank 0: [1, 2]  ->  [1, 2]
+    rank 1: [0, 0]  ->  [1, 2]
+    moves: rank 0 -> rank 1
+
+What a rank holds can be a tensor (shown as a row of cells), a list of tensors (list-style
+arguments such as ``scatter_list``/``gather_list``: groups of cells, side by side) or ``None``
+(the rank holds nothing there: a ``-``).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import numbers
+from dataclasses import dataclass
+
+__all__ = ["Cell", "Picture", "collective"]
+
+# Okabe-Ito: a palette that colour-blind readers can tell apart (its black left out: it would
+# vanish on a dark theme). Used when a picture shows at most this many distinct values.
+_PALETTE = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999"]
+_NAN_COLOUR = "#BBBBBB"
+_BACKGROUND = "#F5F5F5"  # neutral: a light card reads the same in light and dark JupyterLab
+_INK = "#222222"  # labels, titles and outlines on that card
+_FAINT = "#8A8A8A"
+
+# Layout, in cell widths.
+_ROW = 1.35  # from one rank's row to the next
+_GROUP_GAP = 0.4  # between the tensors of a list
+_LABEL_W = 1.7  # the "rank N" column
+_MID_W = 1.6  # between the before and after panels
+_INCH_PER_CELL = 0.42
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One drawn cell: a value some rank holds on one side of the picture.
+
+    ``side`` is "before" or "after"; ``group`` is the index in a list of tensors (0 for a plain
+    tensor); ``index`` the position in that tensor; ``text`` the value as printed; ``colour`` the
+    fill (``#RRGGBB``) and ``text_colour`` the ink chosen to contrast with it.
+    """
+
+    side: str
+    rank: int
+    group: int
+    index: int
+    value: float | int | bool | None
+    text: str
+    colour: str
+    text_colour: str
+
+
+@dataclass(frozen=True)
+class _Holding:
+    """What one rank holds on one side: nothing, one tensor, or a list of tensors."""
+
+    kind: str  # "none" | "tensor" | "list"
+    groups: tuple[tuple, ...] = ()  # the values of each tensor (one group for "tensor")
+
+
+class Picture:
+    """A collective drawn as per-rank cells, before and after. Build one with `collective`.
+
+    Shows as a PNG in Jupyter (``_repr_png_``) and as text elsewhere (``repr``/``str``, also the
+    ``text/plain`` form Jupyter saves next to the PNG). ``png()`` gives the PNG bytes,
+    ``figure()`` a matplotlib ``Figure`` to save or adjust, ``cells()`` the cells with their
+    colours, ``colour(value)`` the colour of one value.
+    """
+
+    def __init__(self, name, before, after, *, title, arrows, labels, max_cells):
+        self.name = name
+        self.title = title
+        self.labels = labels
+        self.max_cells = max_cells
+        self.before = before  # list[_Holding], one per rank
+        self.after = after
+        self.arrows = arrows  # list[(src, dst)]
+        self._colours = _colour_map(
+            v for side in (before, after) for h in side for g in h.groups for v in g
+        )
+        self._png: bytes | None = None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.before)
+
+    # --- text -------------------------------------------------------------------------------
+
+    def text(self) -> str:
+        """The picture as text: a header line, then ``rank N: before  ->  after`` per rank."""
+        header = self.name if self.title is None else f"{self.name}: {self.title}"
+        lefts = [self._holding_text(h) for h in self.before]
+        rights = [self._holding_text(h) for h in self.after]
+        width = max(len(s) for s in lefts)
+        lines = [header]
+        for rank, (left, right) in enumerate(zip(lefts, rights, strict=True)):
+            lines.append(f"rank {rank}: {left.ljust(width)}  ->  {right}")
+        if self.arrows:
+            lines.append("moves: " + ", ".join(f"rank {s} -> rank {d}" for s, d in self.arrows))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    __str__ = __repr__
+
+    def _holding_text(self, holding: _Holding) -> str:
+        if holding.kind == "none":
+            return "-"
+        parts = [self._group_text(g) for g in holding.groups]
+        return parts[0] if holding.kind == "tensor" else "[" + ", ".join(parts) + "]"
+
+    def _group_text(self, values: tuple) -> str:
+        shown, hidden = _truncate(values, self.max_cells)
+        items = [_fmt(v) for v in shown]
+        if hidden:
+            items.append(f"... (+{hidden})")
+        return "[" + ", ".join(items) + "]"
+
+    # --- colours ----------------------------------------------------------------------------
+
+    def colour(self, value) -> str:
+        """The fill colour (``#RRGGBB``) of ``value`` in this picture. KeyError if not shown."""
+        return self._colours[_key(value)]
+
+    def cells(self) -> list[Cell]:
+        """Every cell drawn, side by side, rank by rank (cut to ``max_cells`` per tensor)."""
+        out = []
+        for side, holdings in (("before", self.before), ("after", self.after)):
+            for rank, holding in enumerate(holdings):
+                for g, values in enumerate(holding.groups):
+                    shown, _ = _truncate(values, self.max_cells)
+                    for i, v in enumerate(shown):
+                        fill = self._colours[_key(v)]
+                        out.append(Cell(side, rank, g, i, v, _fmt(v), fill, _ink_for(fill)))
+        return out
+
+    # --- drawing ----------------------------------------------------------------------------
+
+    def figure(self):
+        """A new matplotlib ``Figure`` of the picture (not shown by pyplot; save or display it)."""
+        from matplotlib.figure import Figure
+        from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+
+        w_before = max(self._width(h) for h in self.before)
+        w_after = max(self._width(h) for h in self.after)
+        x_before = _LABEL_W
+        x_after = x_before + w_before + _MID_W
+        total_w = x_after + w_after + 0.2
+        top = 1.9  # room for the title and the panel labels
+        total_h = top + self.world_size * _ROW
+
+        fig = Figure(
+            figsize=(total_w * _INCH_PER_CELL, total_h * _INCH_PER_CELL), facecolor=_BACKGROUND
+        )
+        ax = fig.add_axes((0, 0, 1, 1))
+        ax.set_xlim(0, total_w)
+        ax.set_ylim(-total_h + top, top)
+        ax.set_axis_off()
+        ax.set_facecolor(_BACKGROUND)
+
+        header = self.name if self.title is None else f"{self.name}  ({self.title})"
+        ax.text(
+            0.15,
+            top - 0.55,
+            header,
+            ha="left",
+            va="center",
+            fontsize=12,
+            fontweight="bold",
+            color=_INK,
+        )
+        ax.text(
+            x_before,
+            top - 1.45,
+            self.labels[0],
+            ha="left",
+            va="center",
+            fontsize=10,
+            color=_FAINT,
+            style="italic",
+        )
+        ax.text(
+            x_after,
+            top - 1.45,
+            self.labels[1],
+            ha="left",
+            va="center",
+            fontsize=10,
+            color=_FAINT,
+            style="italic",
+        )
+
+        for rank in range(self.world_size):
+            y = -rank * _ROW  # cells span y-1 .. y
+            ax.text(0.15, y - 0.5, f"rank {rank}", ha="left", va="center", fontsize=10, color=_INK)
+            self._draw_holding(ax, self.before[rank], x_before, y, Rectangle, FancyBboxPatch)
+            self._draw_holding(ax, self.after[rank], x_after, y, Rectangle, FancyBboxPatch)
+            if not self.arrows:
+                ax.annotate(
+                    "",
+                    xy=(x_after - 0.35, y - 0.5),
+                    xytext=(x_before + w_before + 0.35, y - 0.5),
+                    arrowprops={"arrowstyle": "->", "color": _FAINT, "lw": 1.2},
+                )
+
+        for src, dst in self.arrows:
+            start = (x_before + self._width(self.before[src]) + 0.15, -src * _ROW - 0.5)
+            end = (x_after - 0.15, -dst * _ROW - 0.5)
+            bend = 0.0 if src == dst else 0.25 * (1 if dst > src else -1)
+            ax.add_patch(
+                FancyArrowPatch(
+                    start,
+                    end,
+                    arrowstyle="-|>",
+                    mutation_scale=11,
+                    color=_INK,
+                    lw=1.1,
+                    connectionstyle=f"arc3,rad={bend}",
+                    shrinkA=0,
+                    shrinkB=0,
+                )
+            )
+        return fig
+
+    def _width(self, holding: _Holding) -> float:
+        if holding.kind == "none":
+            return 1.0
+        widths = []
+        for values in holding.groups:
+            shown, hidden = _truncate(values, self.max_cells)
+            widths.append(max(1, len(shown) + (1 if hidden else 0)))
+        return sum(widths) + _GROUP_GAP * (len(widths) - 1)
+
+    def _draw_holding(self, ax, holding, x, y, Rectangle, FancyBboxPatch):
+        if holding.kind == "none":
+            ax.text(x + 0.5, y - 0.5, "-", ha="center", va="center", fontsize=11, color=_FAINT)
+            return
+        for values in holding.groups:
+            shown, hidden = _truncate(values, self.max_cells)
+            start = x
+            if not shown and not hidden:  # an empty tensor: a dashed, empty box
+                ax.add_patch(
+                    Rectangle((x, y - 1), 1, 1, fill=False, edgecolor=_FAINT, linestyle="--", lw=1)
+                )
+                x += 1
+            for v in shown:
+                fill = self._colours[_key(v)]
+                ax.add_patch(Rectangle((x, y - 1), 1, 1, facecolor=fill, edgecolor=_INK, lw=0.8))
+                ax.text(
+                    x + 0.5,
+                    y - 0.5,
+                    _fmt(v),
+                    ha="center",
+                    va="center",
+                    fontsize=_font_size(_fmt(v)),
+                    color=_ink_for(fill),
+                )
+                x += 1
+            if hidden:
+                ax.text(
+                    x + 0.5, y - 0.5, "...", ha="center", va="center", fontsize=10, color=_FAINT
+                )
+                x += 1
+            if holding.kind == "list":  # outline each tensor of a list
+                ax.add_patch(
+                    FancyBboxPatch(
+                        (start, y - 1),
+                        x - start,
+                        1,
+                        fill=False,
+                        edgecolor=_FAINT,
+                        lw=1.0,
+                        boxstyle="round,pad=0.08,rounding_size=0.12",
+                    )
+                )
+            x += _GROUP_GAP
+
+    def png(self) -> bytes:
+        """The picture as PNG bytes (the same bytes for the same picture and matplotlib)."""
+        if self._png is None:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+            fig = self.figure()
+            FigureCanvasAgg(fig)
+            buf = io.BytesIO()
+            # No "Software" entry: the bytes then depend only on what is drawn.
+            fig.savefig(
+                buf, format="png", dpi=200, facecolor=_BACKGROUND, metadata={"Software": None}
+            )
+            self._png = buf.getvalue()
+        return self._png
+
+    def _repr_png_(self):
+        data = self.png()
+        width = int.from_bytes(data[16:20], "big")  # from the PNG header; shown at half size
+        return data, {"width": width // 2}
+
+
+def collective(
+    name, before, after, *, title=None, arrows=None, labels=("before", "after"), max_cells=16
+) -> Picture:
+    """Draw a collective: what each rank holds before and after it, one row per rank.
+
+    Args:
+        name: the collective's name, shown as the heading (e.g. ``"all_reduce"``).
+        before: one entry per rank, what it holds before: a 1-D tensor or a list of numbers (a
+            row of cells), a single number or 0-d tensor (one cell), a list of tensors (list-style
+            arguments such as ``scatter_list``; drawn as separate groups) or ``None`` (holds
+            nothing there).
+        after: the same, after the collective. Must have as many entries as ``before``.
+        title: optional detail after the name (e.g. ``"op=SUM, dst=0"``).
+        arrows: optional ``(src, dst)`` rank pairs, drawn from ``src``'s "before" to ``dst``'s
+            "after" (e.g. ``[(0, 1)]`` for a send from rank 0 to rank 1).
+        labels: the headings of the two sides.
+        max_cells: at most this many cells per tensor; longer tensors end in ``...``.
+
+    Returns:
+        A `Picture`: shown as an image in Jupyter, as text by ``print``.
+
+    Raises:
+        ValueError: ``before`` and ``after`` have different numbers of ranks (give one entry per
+            rank on both sides); an entry is neither a number, a tensor, a list of numbers, a list
+            of tensors nor ``None`` (e.g. a list mixing numbers and lists); a tensor has more than
+            one dimension (pass ``t.flatten()``); a value is not a real number; an arrow names a
+            rank that is not in the picture.
+        TypeError: ``before``/``after`` is not a list or tuple (wrap a single rank's tensor in a
+            list: ``[t]``), or ``max_cells`` is not an int >= 1.
+    """
+    if not isinstance(max_cells, int) or isinstance(max_cells, bool) or max_cells < 1:
+        raise TypeError(f"max_cells must be an int >= 1, got {max_cells!r}")
+    sides = {}
+    for side, entries in (("before", before), ("after", after)):
+        if not isinstance(entries, (list, tuple)):
+            raise TypeError(
+                f"{side} must be a list with one entry per rank, got {type(entries).__name__}; "
+                f"for a single rank write [{side}]"
+            )
+        if not entries:
+            raise ValueError(f"{side} is empty: give one entry per rank")
+        sides[side] = [_holding(e, side, rank) for rank, e in enumerate(entries)]
+    if len(before) != len(after):
+        raise ValueError(
+            f"before has {len(before)} ranks but after has {len(after)}: "
+            "give one entry per rank on both sides (None for a rank that holds nothing)"
+        )
+    world_size = len(before)
+    pairs = []
+    for pair in arrows or ():
+        try:
+            src, dst = (int(r) for r in pair)
+        except (TypeError, ValueError):
+            raise ValueError(f"arrows must be (src, dst) rank pairs, got {pair!r}") from None
+        if not (0 <= src < world_size and 0 <= dst < world_size):
+            raise ValueError(
+                f"arrow {pair!r} names a rank outside 0..{world_size - 1} "
+                f"(the picture has {world_size} ranks)"
+            )
+        pairs.append((src, dst))
+    if len(labels) != 2:
+        raise ValueError(f"labels must be two strings (before, after), got {labels!r}")
+    return Picture(
+        name,
+        sides["before"],
+        sides["after"],
+        title=title,
+        arrows=pairs,
+        labels=tuple(labels),
+        max_cells=max_cells,
+    )
+
+
+# --- input ------------------------------------------------------------------------------------
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (numbers.Number, bool)) and not isinstance(x, complex)
+
+
+def _is_array(x) -> bool:  # a torch tensor or a numpy array, without importing either
+    return hasattr(x, "tolist") and hasattr(x, "ndim")
+
+
+def _values(x, side: str, rank: int) -> tuple:
+    """The values of one tensor-like entry: a number, a 0-d/1-d array, or a list of numbers."""
+    if _is_array(x):
+        if x.ndim > 1:
+            raise ValueError(
+                f"{side}[{rank}] is a tensor with {x.ndim} dimensions (shape "
+                f"{tuple(x.shape)}); pictures draw 1-D tensors: pass t.flatten()"
+            )
+        x = x.tolist()
+        x = [x] if not isinstance(x, list) else x
+    elif _is_number(x):
+        x = [x]
+    out = []
+    for v in x:
+        if isinstance(v, complex) or not _is_number(v):
+            raise ValueError(
+                f"{side}[{rank}] holds {v!r}, which is not a real number; an entry is a "
+                "tensor, a list of numbers, a list of tensors or None"
+            )
+        out.append(v)
+    return tuple(out)
+
+
+def _holding(entry, side: str, rank: int) -> _Holding:
+    if entry is None:
+        return _Holding("none")
+    if _is_array(entry) or _is_number(entry):
+        return _Holding("tensor", (_values(entry, side, rank),))
+    if not isinstance(entry, (list, tuple)):
+        raise ValueError(
+            f"{side}[{rank}] is a {type(entry).__name__}; an entry is a tensor, a number, a "
+            "list of numbers, a list of tensors or None"
+        )
+    for v in entry:
+        if not (_is_number(v) or _is_array(v) or isinstance(v, (list, tuple))):
+            raise ValueError(
+                f"{side}[{rank}] holds {v!r}, which is not a real number; an entry is a "
+                "tensor, a list of numbers, a list of tensors or None"
+            )
+    if all(_is_number(v) for v in entry):  # [1, 2, 3]: one tensor's values
+        return _Holding("tensor", (_values(entry, side, rank),))
+    if all(_is_array(v) or isinstance(v, (list, tuple)) for v in entry):  # a list of tensors
+        groups = []
+        for v in entry:
+            if isinstance(v, (list, tuple)) and not all(_is_number(x) for x in v):
+                raise ValueError(
+                    f"{side}[{rank}] nests lists too deeply ({v!r}); a list-style entry is a "
+                    "flat list of tensors (or of lists of numbers)"
+                )
+            groups.append(_values(v, side, rank))
+        return _Holding("list", tuple(groups))
+    raise ValueError(
+        f"{side}[{rank}] mixes numbers and tensors/lists ({entry!r}); give either the values of "
+        "one tensor ([1, 2]) or a list of tensors ([[1], [2]])"
+    )
+
+
+# --- formatting and colour ---------------------------------------------------------------------
+
+
+def _truncate(values: tuple, max_cells: int) -> tuple[tuple, int]:
+    """The values to draw and how many are left out (the last cell becomes "...")."""
+    if len(values) <= max_cells:
+        return values, 0
+    keep = max(1, max_cells - 1)
+    return values[:keep], len(values) - keep
+
+
+def _fmt(v) -> str:
+    """A value as shown: exact integers, floats with a decimal point, at most 4 digits."""
+    if isinstance(v, bool) or isinstance(v, numbers.Integral):
+        return str(v)
+    v = float(v)
+    if math.isnan(v) or math.isinf(v):
+        return str(v)
+    if v.is_integer() and abs(v) < 1e6:
+        return f"{v:.1f}"
+    return f"{v:.4g}"
+
+
+def _key(v) -> float:
+    """Values that are equal (1, 1.0, True) share a colour."""
+    return float(v)
+
+
+def _colour_map(values) -> dict[float, str]:
+    keys = sorted({_key(v) for v in values if not math.isnan(_key(v))})
+    colours: dict[float, str] = {}
+    if len(keys) <= len(_PALETTE):
+        colours = dict(zip(keys, _PALETTE[: len(keys)], strict=True))
+    else:
+        from matplotlib import colormaps
+        from matplotlib.colors import to_hex
+
+        cmap = colormaps["viridis"]
+        colours = {k: to_hex(cmap(i / (len(keys) - 1))) for i, k in enumerate(keys)}
+    colours[float("nan")] = _NAN_COLOUR
+    return _NanAwareDict(colours)
+
+
+class _NanAwareDict(dict):
+    """A dict in which every NaN key finds the NaN entry (NaN != NaN)."""
+
+    def __getitem__(self, key):
+        if isinstance(key, float) and math.isnan(key):
+            return _NAN_COLOUR
+        return super().__getitem__(key)
+
+
+def _luminance(hex_colour: str) -> float:
+    """Relative luminance (WCAG 2) of ``#RRGGBB``."""
+    channels = [int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def _ink_for(fill: str) -> str:
+    """Black or white, whichever contrasts more with ``fill``."""
+    lum = _luminance(fill)
+    return "#000000" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "#FFFFFF"
+
+
+def _font_size(text: str) -> float:
+    return 10 if len(text) <= 4 else max(6, 10 - 1.1 * (len(text) - 4))

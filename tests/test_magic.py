@@ -1,0 +1,143 @@
+"""The %%ranks magic, in a real IPython kernel (as a learner uses it)."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from distlab.magic import parse_line
+
+
+def test_parse_line_reads_ranks_timeout_and_stream():
+    assert parse_line("", 4) == (None, None, False)
+    assert parse_line("all", 4) == (None, None, False)
+    assert parse_line("0,2 --timeout 5 --stream", 4) == ([0, 2], 5.0, True)
+    with pytest.raises(ValueError, match="out of range"):
+        parse_line("0,4", 4)
+    with pytest.raises(ValueError, match="must look like 0,2"):
+        parse_line("a,b", 4)
+    with pytest.raises(ValueError, match="usage: %%ranks"):
+        parse_line("--bogus", 4)
+
+
+@pytest.fixture(scope="module")
+def nb(kernel):
+    res = kernel.run(
+        "import distlab, torch, torch.distributed as dist\n"
+        "%load_ext distlab\n"
+        "cluster = distlab.Cluster(world_size=3, timeout=30)"
+    )
+    assert res.error is None, res.text
+    yield kernel
+    kernel.run("cluster.shutdown()")
+
+
+def cell(body: str, line: str = "") -> str:
+    return f"%%ranks {line}\n" + textwrap.dedent(body).strip("\n")
+
+
+def test_namespace_persists_across_cells_and_differs_per_rank(nb):
+    assert nb.run(cell("x = dist.get_rank() * 10")).error is None
+    res = nb.run(cell("print('x is', x)\nx + 1"))
+    assert res.error is None, res.text
+    assert res.stdout == "[rank 0] x is 0\n[rank 1] x is 10\n[rank 2] x is 20\n"
+    assert res.results == ["[rank 0] 1\n[rank 1] 11\n[rank 2] 21"]
+
+
+def test_class_defined_in_a_cell_is_used_in_a_collective(nb):
+    res = nb.run(
+        cell(
+            """
+            class Message:
+                def __init__(self, text): self.text = text
+            objs = [Message(f"from rank {dist.get_rank()}")]
+            dist.broadcast_object_list(objs, src=2)   # plain pickle: __main__.Message by name
+            print(type(objs[0]).__name__, objs[0].text)
+            """
+        )
+    )
+    assert res.error is None, res.text
+    assert res.stdout == "".join(f"[rank {r}] Message from rank 2\n" for r in range(3))
+
+
+def test_a_subset_of_ranks_runs_alone(nb):
+    res = nb.run(cell("print('here', dist.get_rank())", "0,2"))
+    assert res.stdout == "[rank 0] here 0\n[rank 2] here 2\n"
+
+
+def test_subset_calling_a_collective_gets_a_clear_warning(nb):
+    res = nb.run(cell("dist.all_reduce(torch.ones(1))", "0 --timeout 1"))
+    assert "runs on rank(s) 0 only, but calls all_reduce()" in res.stderr
+    assert res.ename == "RankTimeout"
+    nb.run("cluster.restart()")
+
+
+def test_errors_raise_in_the_kernel_with_the_cells_line_and_the_cluster_stays_usable(nb):
+    nb.run(cell("y = 5"))
+    res = nb.run(cell("if dist.get_rank() == 1:\n    raise RuntimeError('only rank 1')"))
+    assert res.ename == "RankError"
+    assert "rank 1 raised: RuntimeError: only rank 1" in res.text
+    assert "raise RuntimeError('only rank 1')" in res.text  # the cell's own source line
+    res = nb.run(cell("y"))
+    assert res.error is None and res.results == ["[rank 0] 5\n[rank 1] 5\n[rank 2] 5"]
+
+
+def test_stop_button_interrupts_a_cell_without_killing_the_cluster(nb):
+    nb.run(cell("keep = dist.get_rank()"))
+    start = time.monotonic()
+    res = nb.run(cell("import time\ntime.sleep(30)"), interrupt_after=1.0)
+    assert time.monotonic() - start < 10
+    assert res.ename == "KeyboardInterrupt"
+    res = nb.run(cell("keep"))
+    assert res.results == ["[rank 0] 0\n[rank 1] 1\n[rank 2] 2"]
+
+
+def test_stop_button_on_a_rank_stuck_in_cpp_says_so_and_points_to_restart(nb):
+    code = cell(
+        """
+        import signal, time
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        time.sleep(30)  # stands in for C++ that does not check for Ctrl-C
+        """,
+        "1",
+    )
+    res = nb.run(code, interrupt_after=1.0)
+    assert res.ename == "KeyboardInterrupt"
+    assert "could not be interrupted" in res.text
+    assert "time.sleep(30)  # stands in for C++" in res.text
+    assert "cluster.restart()" in res.text and "variables are lost" in res.text
+    res = nb.run(cell("1"))
+    assert res.ename == "ClusterBroken"
+    assert nb.run("cluster.restart()").error is None
+    assert nb.run(cell("1")).results == ["[rank 0] 1\n[rank 1] 1\n[rank 2] 1"]
+
+
+def test_no_cluster_gives_a_clear_error(nb):
+    assert nb.run("cluster.shutdown()").error is None
+    res = nb.run("%%ranks\n1")
+    assert res.ename == "RuntimeError" and "distlab.Cluster(world_size=4)" in res.text
+
+
+def test_ranks_die_when_the_kernel_restarts(tmp_path):
+    from kernel import Kernel
+
+    k = Kernel()
+    try:
+        res = k.run(
+            "import distlab, os\nc = distlab.Cluster(world_size=2)\nprint(c.run(os.getpid))"
+        )
+        pids = eval(res.stdout)
+        k.km.restart_kernel(now=True)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            alive = [p for p in pids if psutil.pid_exists(p)
+                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+            if not alive:
+                break
+            time.sleep(0.05)
+        assert not alive
+    finally:
+        k.shutdown()
