@@ -71,7 +71,8 @@ def main() -> None:
         rows["cluster.exec"] = measure(lambda: cluster.exec("x = 1"), rep)
         rows["cluster.run"] = measure(lambda: cluster.run(trivial), rep)
     distlab.launch(trivial, world_size=n)
-    rows["distlab.launch"] = measure(lambda: distlab.launch(trivial, world_size=n), max(10, rep // 20))
+    fresh = max(10, rep // 20)
+    rows["distlab.launch"] = measure(lambda: distlab.launch(trivial, world_size=n), fresh)
 
     base = statistics.median(rows["%%ranks cell"])
     print(f"{n} ranks, {os.cpu_count()} cores; times in ms")

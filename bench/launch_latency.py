@@ -124,14 +124,14 @@ def main() -> None:
         rows.append((n, warm, c, ci, fork, spawn))
 
     widths = [max(len(h), 12) for h in header]
-    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     for row in rows:
         cells = [str(row[0])] + [f"{v:.3f}" for v in row[1:]]
-        print("  ".join(c.rjust(w) for c, w in zip(cells, widths)))
+        print("  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
     print()
     print("ratios (baseline / distlab warm):")
     for n, warm, _c, _ci, fork, spawn in rows:
-        print(f"  {n} ranks: mp fork {fork / warm:.1f}x slower, mp spawn {spawn / warm:.1f}x slower")
+        print(f"  {n} ranks: mp fork {fork / warm:.2f}x, mp spawn {spawn / warm:.1f}x")
 
 
 if __name__ == "__main__":

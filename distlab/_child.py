@@ -46,7 +46,8 @@ def rank_main(ctrl_fd: int, dbg_fd: int, out_fd: int, spec: dict) -> int:
 
     import faulthandler
 
-    faulthandler.enable(file=sys.stderr, all_threads=False)  # segfaults print a Python stack into the rank's output
+    # A segfault prints the Python stack into the rank's output.
+    faulthandler.enable(file=sys.stderr, all_threads=False)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=False)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -192,7 +193,7 @@ def adopt_into_main(*objs: object) -> None:
 
 def _has_contents(cell) -> bool:
     try:
-        cell.cell_contents
+        _ = cell.cell_contents
     except ValueError:
         return False
     return True
@@ -210,7 +211,6 @@ class _Rank:
 
     def setup(self) -> None:
         import torch
-
         import torch.distributed as dist
 
         # What a %%ranks cell can use without importing anything.

@@ -294,7 +294,7 @@ class RankGroup:
         task.pending.discard(proc.rank)
         text = _output.decode(bytes(proc.buf))
         task.outputs[proc.rank] = bytes(proc.buf)
-        lines = [x for x in text.rstrip("\n").splitlines() if not x.startswith("Extension modules:")]
+        lines = [x for x in text.rstrip("\n").splitlines() if not x.startswith("Extension modules")]
         tail = "\n".join(lines[-20:])
         self._fail(
             task,

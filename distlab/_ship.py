@@ -47,7 +47,7 @@ def loads(data: bytes):
 
 
 def _cell_sources() -> dict[str, list[str]]:
-    """linecache entries that exist only in memory: notebook cells (IPython marks them mtime=None)."""
+    """linecache entries kept only in memory: notebook cells (IPython gives them mtime None)."""
     out = {}
     for name, entry in list(linecache.cache.items()):
         if len(entry) == 4 and entry[1] is None and entry[2]:

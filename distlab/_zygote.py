@@ -1,8 +1,8 @@
 """The zygote: one warm Python process, with torch imported, that forks the ranks.
 
-Why not fork the notebook kernel? The kernel runs threads (ZMQ, heartbeats, torch's own pools), and a
-fork taken while another thread holds a lock gives a child that hangs forever on that lock. Why not
-spawn a fresh interpreter per rank? Each would spend ~1.5 s importing torch.
+Why not fork the notebook kernel? The kernel runs threads (ZMQ, heartbeats, torch's own pools), and
+a fork taken while another thread holds a lock gives a child that hangs forever on that lock.
+Why not spawn a fresh interpreter per rank? Each would spend ~1.5 s importing torch.
 
 So the kernel starts this process once, with a clean exec (no inherited threads or locks). It
 imports torch, then waits on a Unix socket for "fork" requests. Each request carries the file
@@ -173,7 +173,7 @@ class Zygote:
         self._sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         boot = (
             "import sys, json, os; sys.path[:0] = json.loads(os.environ.pop('DISTLAB_SYS_PATH'));"
-            "from distlab._zygote import serve; serve(%d)" % child_sock.fileno()
+            f"from distlab._zygote import serve; serve({child_sock.fileno()})"
         )
         full_env = dict(os.environ if env is None else env)
         full_env["DISTLAB_SYS_PATH"] = json.dumps([p for p in sys.path if p])
@@ -237,7 +237,8 @@ class Zygote:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ZygoteError(
-                        f"distlab's helper process did not finish importing torch in {timeout:.0f} s"
+                        "distlab's helper process did not finish importing torch in "
+                        f"{timeout:.0f} s"
                     )
                 self._cond.wait(left)
 

@@ -48,7 +48,7 @@ class PerRank(list):
         return "\n".join(lines)
 
     def items(self):
-        return [(r, v) for r, v in zip(self.ranks, self) if v is not None]
+        return [(r, v) for r, v in zip(self.ranks, self, strict=True) if v is not None]
 
     def __init__(self, values, ranks):
         super().__init__(values)
@@ -251,7 +251,10 @@ class Cluster:
         if self.closed:
             return f"<distlab.Cluster world_size={self.world_size}: shut down>"
         states = ", ".join(f"{r}:{s}" for r, s in self.states.items())
-        return f"<distlab.Cluster world_size={self.world_size} backend={self.backend!r} ranks {states}>"
+        return (
+            f"<distlab.Cluster world_size={self.world_size} backend={self.backend!r} "
+            f"ranks {states}>"
+        )
 
     def widget(self):
         """A small live status view (ipywidgets): each rank's state and its last cell's time."""

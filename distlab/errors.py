@@ -1,4 +1,4 @@
-"""The errors distlab raises when something goes wrong on a rank, written for the person reading them.
+"""The errors distlab raises when something goes wrong on a rank, written for whoever reads them.
 
 `RankError`: one or more ranks raised, or died. The root cause comes first; errors that other ranks
 hit *because* of it (a peer's connection closed, a collective timed out) are marked as consequences.
@@ -90,7 +90,7 @@ class RankError(RuntimeError):
         for f in self.failures:
             key = f"{f.type}\n{f.message}\n{f.traceback}\n{f.stage}\n{f.consequence}"
             shown.setdefault(key, []).append(f.rank)
-        for key, ranks in shown.items():
+        for ranks in shown.values():
             f = next(x for x in self.failures if x.rank == ranks[0])
             who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
             lines.append("")

@@ -19,7 +19,7 @@ def launch(
     env: dict[str, str] | None = None,
     **kwargs,
 ) -> list:
-    """Run ``fn(*args, **kwargs)`` on ``world_size`` new processes ("ranks") and return their values.
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` new processes ("ranks"); return their values.
 
     Each rank starts with the default process group initialized (``torch.distributed.get_rank()``
     works) and with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``

@@ -47,7 +47,9 @@ class Kernel:
     def pid(self) -> int:
         return self.km.provisioner.process.pid
 
-    def run(self, code: str, timeout: float = 120, interrupt_after: float | None = None) -> CellResult:
+    def run(
+        self, code: str, timeout: float = 120, interrupt_after: float | None = None
+    ) -> CellResult:
         msg_id = self.kc.execute(code)
         res = CellResult()
         start = time.monotonic()
@@ -61,7 +63,8 @@ class Kernel:
                 msg = self.kc.get_iopub_msg(timeout=0.2)
             except queue.Empty:
                 if time.monotonic() - start > timeout:
-                    raise TimeoutError(f"cell did not finish in {timeout} s: {code[:200]}")
+                    msg = f"cell did not finish in {timeout} s: {code[:200]}"
+                    raise TimeoutError(msg) from None
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue

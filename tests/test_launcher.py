@@ -473,7 +473,8 @@ def test_stop_button_kills_every_rank_within_2_seconds(kernel, tmp_path):
 
     pid_dir = str(tmp_path)
     res = {}
-    t = threading.Thread(target=lambda: res.update(r=kernel.run(_write_pid_and_sleep_code(pid_dir))))
+    code = _write_pid_and_sleep_code(pid_dir)
+    t = threading.Thread(target=lambda: res.update(r=kernel.run(code)))
     t.start()
     pids = _wait_for_pids(pid_dir, 3)
     kernel.km.interrupt_kernel()

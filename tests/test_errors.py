@@ -1,0 +1,72 @@
+"""How failures are ordered and worded (pure functions: no processes)."""
+
+from __future__ import annotations
+
+from distlab._output import prefix, render
+from distlab.errors import RankError, RankFailure, RankTimeout, order_failures
+
+
+def _f(rank, type_="ValueError", message="bad", stage="raised"):
+    return RankFailure(rank, type_, message, traceback=f"Traceback ...\n{type_}: {message}\n",
+                       stage=stage)
+
+
+def test_root_causes_come_first_and_connection_errors_are_consequences():
+    ordered = order_failures(
+        [
+            _f(0, "DistBackendError", "Connection closed by peer [127.0.0.1]:1234"),
+            _f(2, "ValueError", "bad batch"),
+            _f(1, "RuntimeError", "Socket Timeout"),
+        ]
+    )
+    assert [(f.rank, f.consequence) for f in ordered] == [(2, False), (0, True), (1, True)]
+
+
+def test_a_dead_rank_is_a_root_cause_even_if_reported_late():
+    ordered = order_failures(
+        [_f(0, "DistBackendError", "Connection reset by peer"), _f(1, "died", "killed", "died")]
+    )
+    assert [f.rank for f in ordered] == [1, 0] and ordered[1].consequence
+
+
+def test_when_every_failure_looks_like_a_consequence_the_earliest_is_the_cause():
+    ordered = order_failures([_f(1, "RuntimeError", "timed out"), _f(0, "RuntimeError", "timeout")])
+    assert [(f.rank, f.consequence) for f in ordered] == [(1, False), (0, True)]
+
+
+def test_root_causes_are_in_rank_order_so_the_report_is_deterministic():
+    ordered = order_failures([_f(3, message="x"), _f(1, message="y")])
+    assert [f.rank for f in ordered] == [1, 3]
+
+
+def test_rank_error_message_groups_identical_tracebacks_and_names_stopped_ranks():
+    err = RankError(order_failures([_f(1), _f(0)]), stopped=[2], world_size=3)
+    text = str(err)
+    assert text.splitlines()[0] == "rank 0 raised: ValueError: bad"
+    assert "--- ranks 0, 1 ---" in text
+    assert text.count("Traceback ...") == 1
+    assert "distlab stopped rank(s) 2" in text
+    assert err.primary.rank == 0 and err.ranks == [0, 1]
+
+
+def test_died_rank_message_shows_its_last_output():
+    f = RankFailure(1, "died", "killed by signal SIGSEGV", stage="died", exitcode=-11,
+                    output_tail="Fatal Python error: Segmentation fault")
+    text = str(RankError([f], [], 2))
+    assert text.startswith("rank 1 died: killed by signal SIGSEGV")
+    assert "  Fatal Python error: Segmentation fault" in text
+    assert f.signal == "SIGSEGV"
+
+
+def test_rank_timeout_lists_stuck_ranks_with_stacks_and_a_hint():
+    err = RankTimeout(3.0, {1: '  File "<cell>", line 2\n    dist.barrier()\n'}, [0], 2)
+    text = str(err)
+    assert text.splitlines()[0] == "1 of 2 ranks did not finish within 3 s: rank 1."
+    assert "--- rank 1 is stuck here (most recent call last) ---" in text
+    assert "dist.barrier()" in text and "Finished: rank 0." in text
+    assert isinstance(err, TimeoutError) and err.ranks == [1]
+
+
+def test_output_lines_are_prefixed_and_grouped_in_rank_order():
+    assert prefix(3, "a\n\nb") == "[rank 3] a\n[rank 3]\n[rank 3] b\n"
+    assert render({1: "one\n", 0: "zero\n", 2: ""}) == "[rank 0] zero\n[rank 1] one\n"
