@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup lab test notebooks lint clean
 
-setup: $(VENV)/.stamp-deps $(VENV)/.stamp-kernel
+setup: $(VENV)/.stamp-deps $(VENV)/.stamp-kernel $(VENV)/.stamp-browser
 
 # torch first, with exactly this pin: the plain `torch` requirement in pyproject.toml is then
 # already satisfied, and pip does not download gigabytes of CUDA wheels.
@@ -29,6 +29,16 @@ $(VENV)/.stamp-deps: $(VENV)/.stamp-torch pyproject.toml
 # from .venv whichever Jupyter starts them.
 $(VENV)/.stamp-kernel: $(VENV)/.stamp-deps
 	$(VPY) -m ipykernel install --sys-prefix --name python3
+	touch $@
+
+# The browser test drives JupyterLab in Debian's Chromium (Playwright's own browser download does
+# not work offline). Installed once if missing; without root or apt the browser test is skipped.
+$(VENV)/.stamp-browser: $(VENV)/.stamp-deps
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  SUDO=; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+	  ($$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium) \
+	    || echo "warning: could not install chromium; the browser test will be skipped"; \
+	fi
 	touch $@
 
 # Loopback only: the server runs code for whoever reaches it.
