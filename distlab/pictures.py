@@ -47,6 +47,10 @@ _GROUP_GAP = 0.4  # between the tensors of a list
 _LABEL_W = 1.7  # the "rank N" column
 _MID_W = 1.6  # between the before and after panels
 _INCH_PER_CELL = 0.42
+# Rough text widths, in cell widths per character, to make room for titles and labels.
+_TITLE_CHAR_W = 0.27  # 12 pt bold
+_LABEL_CHAR_W = 0.21  # 10 pt italic
+_DPI = 150  # PNG resolution; shown at 100 pixels per inch, so it stays sharp on HiDPI screens
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,9 @@ class Picture:
     Shows as a PNG in Jupyter (``_repr_png_``) and as text elsewhere (``repr``/``str``, also the
     ``text/plain`` form Jupyter saves next to the PNG). ``png()`` gives the PNG bytes,
     ``figure()`` a matplotlib ``Figure`` to save or adjust, ``cells()`` the cells with their
-    colours, ``colour(value)`` the colour of one value.
+    colours, ``colour(value)`` the colour of one value. Colours are given per picture: the
+    distinct values, smallest first, take the colours of a colour-blind-safe palette (a viridis
+    ramp beyond 8 values), so equal values share a colour on both sides.
     """
 
     def __init__(self, name, before, after, *, title, arrows, labels, max_cells):
@@ -158,13 +164,18 @@ class Picture:
     def figure(self):
         """A new matplotlib ``Figure`` of the picture (not shown by pyplot; save or display it)."""
         from matplotlib.figure import Figure
-        from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+        from matplotlib.patches import FancyArrowPatch
 
         w_before = max(self._width(h) for h in self.before)
         w_after = max(self._width(h) for h in self.after)
         x_before = _LABEL_W
-        x_after = x_before + w_before + _MID_W
-        total_w = x_after + w_after + 0.2
+        header = self.name if self.title is None else f"{self.name}  ({self.title})"
+        # Make room for the "before" label above its panel, and for the heading.
+        x_after = x_before + max(w_before + _MID_W, len(self.labels[0]) * _LABEL_CHAR_W + 0.6)
+        total_w = max(
+            x_after + max(w_after, len(self.labels[1]) * _LABEL_CHAR_W) + 0.2,
+            0.15 + len(header) * _TITLE_CHAR_W + 0.3,
+        )
         top = 1.9  # room for the title and the panel labels
         total_h = top + self.world_size * _ROW
 
@@ -177,7 +188,6 @@ class Picture:
         ax.set_axis_off()
         ax.set_facecolor(_BACKGROUND)
 
-        header = self.name if self.title is None else f"{self.name}  ({self.title})"
         ax.text(
             0.15,
             top - 0.55,
@@ -212,8 +222,8 @@ class Picture:
         for rank in range(self.world_size):
             y = -rank * _ROW  # cells span y-1 .. y
             ax.text(0.15, y - 0.5, f"rank {rank}", ha="left", va="center", fontsize=10, color=_INK)
-            self._draw_holding(ax, self.before[rank], x_before, y, Rectangle, FancyBboxPatch)
-            self._draw_holding(ax, self.after[rank], x_after, y, Rectangle, FancyBboxPatch)
+            self._draw_holding(ax, self.before[rank], x_before, y)
+            self._draw_holding(ax, self.after[rank], x_after, y)
             if not self.arrows:
                 ax.annotate(
                     "",
@@ -222,10 +232,13 @@ class Picture:
                     arrowprops={"arrowstyle": "->", "color": _FAINT, "lw": 1.2},
                 )
 
-        for src, dst in self.arrows:
-            start = (x_before + self._width(self.before[src]) + 0.15, -src * _ROW - 0.5)
-            end = (x_after - 0.15, -dst * _ROW - 0.5)
-            bend = 0.0 if src == dst else 0.25 * (1 if dst > src else -1)
+        # Arrows leaving one rank (or reaching one rank) fan out over its cell height.
+        starts = _spread([src for src, _ in self.arrows], [dst for _, dst in self.arrows])
+        ends = _spread([dst for _, dst in self.arrows], [src for src, _ in self.arrows])
+        for (src, dst), dy_start, dy_end in zip(self.arrows, starts, ends, strict=True):
+            start = (x_before + self._width(self.before[src]) + 0.15, -src * _ROW - 0.5 + dy_start)
+            end = (x_after - 0.15, -dst * _ROW - 0.5 + dy_end)
+            bend = 0.0 if src == dst else 0.15 * (1 if dst > src else -1)
             ax.add_patch(
                 FancyArrowPatch(
                     start,
@@ -250,7 +263,10 @@ class Picture:
             widths.append(max(1, len(shown) + (1 if hidden else 0)))
         return sum(widths) + _GROUP_GAP * (len(widths) - 1)
 
-    def _draw_holding(self, ax, holding, x, y, Rectangle, FancyBboxPatch):
+    def _draw_holding(self, ax, holding, x, y):
+        """Draw what one rank holds on one side, its top-left corner at (x, y)."""
+        from matplotlib.patches import FancyBboxPatch, Rectangle
+
         if holding.kind == "none":
             ax.text(x + 0.5, y - 0.5, "-", ha="center", va="center", fontsize=11, color=_FAINT)
             return
@@ -304,15 +320,15 @@ class Picture:
             buf = io.BytesIO()
             # No "Software" entry: the bytes then depend only on what is drawn.
             fig.savefig(
-                buf, format="png", dpi=200, facecolor=_BACKGROUND, metadata={"Software": None}
+                buf, format="png", dpi=_DPI, facecolor=_BACKGROUND, metadata={"Software": None}
             )
             self._png = buf.getvalue()
         return self._png
 
     def _repr_png_(self):
         data = self.png()
-        width = int.from_bytes(data[16:20], "big")  # from the PNG header; shown at half size
-        return data, {"width": width // 2}
+        width = int.from_bytes(data[16:20], "big")  # in pixels, from the PNG header
+        return data, {"width": round(width * 100 / _DPI)}
 
 
 def collective(
@@ -457,6 +473,21 @@ def _holding(entry, side: str, rank: int) -> _Holding:
 
 
 # --- formatting and colour ---------------------------------------------------------------------
+
+
+def _spread(ends: list[int], others: list[int]) -> list[float]:
+    """Vertical offsets so that arrows sharing an end rank meet it at different heights.
+
+    Arrows sharing an end are ordered by the rank at their other end (top to bottom) and spread
+    over the middle 60% of the cell; a lone arrow meets the middle.
+    """
+    offsets = [0.0] * len(ends)
+    for rank in set(ends):
+        mine = sorted((i for i, e in enumerate(ends) if e == rank), key=lambda i: others[i])
+        for k, i in enumerate(mine):
+            if len(mine) > 1:
+                offsets[i] = 0.3 - 0.6 * k / (len(mine) - 1)  # y grows upwards: top first
+    return offsets
 
 
 def _truncate(values: tuple, max_cells: int) -> tuple[tuple, int]:

@@ -1,0 +1,158 @@
+"""distlab.pictures: the text form, the PNG, the colours, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distlab import pictures
+
+
+def _broadcast_picture():
+    return pictures.collective(
+        "broadcast",
+        before=[torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0])],
+        after=[torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])],
+        title="src=0",
+        arrows=[(0, 1)],
+    )
+
+
+def test_text_shows_one_line_per_rank_before_and_after():
+    assert repr(_broadcast_picture()) == (
+        "broadcast: src=0\n"
+        "rank 0: [1.0, 2.0]  ->  [1.0, 2.0]\n"
+        "rank 1: [0.0, 0.0]  ->  [1.0, 2.0]\n"
+        "moves: rank 0 -> rank 1"
+    )
+    assert str(_broadcast_picture()) == repr(_broadcast_picture())
+
+
+def test_text_shows_lists_of_tensors_missing_tensors_and_integers():
+    pic = pictures.collective(
+        "gather",
+        before=[torch.tensor([0, 0]), 1],
+        after=[[torch.tensor([0, 0]), [1]], None],
+    )
+    assert pic.text() == "gather\nrank 0: [0, 0]  ->  [[0, 0], [1]]\nrank 1: [1]     ->  -"
+
+
+def test_long_tensors_are_cut_to_max_cells_in_text_and_cells():
+    pic = pictures.collective("long", before=[list(range(10))], after=[[]], max_cells=4)
+    assert pic.text() == "long\nrank 0: [0, 1, 2, ... (+7)]  ->  []"
+    assert [c.value for c in pic.cells()] == [0, 1, 2]
+
+
+def test_floats_are_printed_rounded_and_with_a_decimal_point():
+    pic = pictures.collective("x", before=[[1 / 3, 2.0, 1e7, True]], after=[[float("nan")]])
+    assert pic.text() == "x\nrank 0: [0.3333, 2.0, 1e+07, True]  ->  [nan]"
+
+
+def test_renders_to_png_bytes_the_same_each_time():
+    pic = _broadcast_picture()
+    data = pic.png()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    assert _broadcast_picture().png() == data  # deterministic: no version, no date inside
+    png, meta = pic._repr_png_()
+    assert png == data and meta["width"] > 0
+
+
+def test_figure_is_a_matplotlib_figure_not_shown_by_pyplot():
+    from matplotlib.figure import Figure
+
+    fig = _broadcast_picture().figure()
+    assert isinstance(fig, Figure)
+    texts = {t.get_text() for t in fig.axes[0].texts}
+    assert {"rank 0", "rank 1", "1.0", "2.0", "before", "after"} <= texts
+
+
+def test_equal_values_have_equal_colours_before_and_after():
+    pic = _broadcast_picture()
+    by_value: dict[float, set[str]] = {}
+    for cell in pic.cells():
+        by_value.setdefault(float(cell.value), set()).add(cell.colour)
+    assert all(len(colours) == 1 for colours in by_value.values()), by_value
+    assert len({next(iter(c)) for c in by_value.values()}) == len(by_value)  # distinct values
+    assert pic.colour(1) == pic.colour(1.0) == pic.colour(torch.tensor(1.0).item())
+
+
+def test_many_distinct_values_still_get_distinct_colours():
+    pic = pictures.collective("ramp", before=[list(range(12))], after=[list(range(12))])
+    assert len({pic.colour(v) for v in range(12)}) == 12
+
+
+def test_cell_text_contrasts_with_its_fill():
+    pic = pictures.collective("ramp", before=[list(range(12))], after=[list(range(12))])
+    for cell in pic.cells():
+        fill = pictures._luminance(cell.colour)
+        ink = pictures._luminance(cell.text_colour)
+        lighter, darker = max(fill, ink), min(fill, ink)
+        assert (lighter + 0.05) / (darker + 0.05) >= 4.5, cell  # WCAG AA for normal text
+
+
+def test_before_and_after_with_different_rank_counts_is_a_value_error():
+    with pytest.raises(ValueError, match="before has 2 ranks but after has 3"):
+        pictures.collective("x", before=[[1], [2]], after=[[1], [2], [3]])
+
+
+def test_a_rank_that_mixes_numbers_and_lists_is_a_value_error():
+    with pytest.raises(ValueError, match=r"before\[1\] mixes numbers and tensors"):
+        pictures.collective("x", before=[[1, 2], [3, [4]]], after=[[1], [2]])
+
+
+def test_lists_nested_too_deeply_are_a_value_error():
+    with pytest.raises(ValueError, match=r"after\[0\] nests lists too deeply"):
+        pictures.collective("x", before=[[1]], after=[[[1], [[2]]]])
+
+
+def test_a_2d_tensor_is_a_value_error_that_says_flatten():
+    with pytest.raises(ValueError, match=r"2 dimensions .*t\.flatten\(\)"):
+        pictures.collective("x", before=[torch.zeros(2, 2)], after=[torch.zeros(4)])
+
+
+def test_not_a_list_of_ranks_is_a_type_error():
+    with pytest.raises(TypeError, match="one entry per rank"):
+        pictures.collective("x", before=torch.zeros(2), after=[torch.zeros(2)])
+
+
+def test_non_numbers_and_bad_arrows_are_value_errors():
+    with pytest.raises(ValueError, match="not a real number"):
+        pictures.collective("x", before=[["a"]], after=[[1]])
+    with pytest.raises(ValueError, match=r"names a rank outside 0\.\.1"):
+        pictures.collective("x", before=[[1], [2]], after=[[1], [2]], arrows=[(0, 2)])
+    with pytest.raises(ValueError, match=r"\(src, dst\) rank pairs"):
+        pictures.collective("x", before=[[1], [2]], after=[[1], [2]], arrows=[0])
+
+
+def test_importable_as_a_submodule_of_distlab():
+    import distlab
+    import distlab.pictures
+
+    assert distlab.pictures is pictures
+    assert callable(pictures.collective)
+
+
+def test_long_titles_and_labels_fit_inside_the_figure():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    pic = pictures.collective(
+        "pg.broadcast",
+        before=[[[0.0], [1.0]], [[2.0], [3.0]]],
+        after=[[[3.0], [3.0]], [[3.0], [3.0]]],
+        title="rootRank=1, rootTensor=1, and a long explanation",
+        labels=("before: a long label", "after: an even longer label here"),
+    )
+    fig = pic.figure()
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for text in fig.axes[0].texts:
+        box = text.get_window_extent(renderer)
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.x1, text.get_text()
+
+
+def test_arrows_sharing_a_rank_fan_out_over_its_cell():
+    # Three arrows into rank 3 (a gather): ordered by source, top to bottom, inside the cell.
+    assert pictures._spread([3, 3, 3], [0, 1, 2]) == [0.3, 0.0, -0.3]
+    # One arrow per end: each meets the middle of its cell.
+    assert pictures._spread([0, 1], [2, 2]) == [0.0, 0.0]
