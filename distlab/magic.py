@@ -61,7 +61,9 @@ def ranks(line: str, cell: str):
         result = cl.exec(cell, ranks=targets, timeout=timeout, stream=stream)
     except (RankError, RankTimeout, ClusterBroken) as e:
         raise e.with_traceback(None) from None  # the message says it all; skip distlab's frames
-    return result if result.items() else None
+    if not result.items() or cell.rstrip().endswith(";"):  # a trailing ; hides Out, as in IPython
+        return None
+    return result
 
 
 def load_ipython_extension(ipython) -> None:

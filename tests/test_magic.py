@@ -47,6 +47,11 @@ def test_namespace_persists_across_cells_and_differs_per_rank(nb):
     assert res.results == ["[rank 0] 1\n[rank 1] 11\n[rank 2] 21"]
 
 
+def test_a_trailing_semicolon_hides_the_last_value_as_in_ipython(nb):
+    res = nb.run(cell("41 + 1;"))
+    assert res.error is None and res.results == []
+
+
 def test_class_defined_in_a_cell_is_used_in_a_collective(nb):
     res = nb.run(
         cell(
