@@ -42,8 +42,10 @@ $(VENV)/.stamp-browser: $(VENV)/.stamp-deps
 	touch $@
 
 # Loopback only: the server runs code for whoever reaches it.
+# Jupyter refuses to run as root (containers, cloud VMs) unless told it may.
 lab: setup
-	$(VPY) -m jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1
+	$(VPY) -m jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
+	  $$( [ "$$(id -u)" -eq 0 ] && echo --allow-root )
 
 # Options live in pyproject.toml: unit tests plus every notebook re-run and compared (nbval).
 # pytest's exit status 5 means "no tests collected", which is not a failure here.

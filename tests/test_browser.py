@@ -8,6 +8,7 @@ A screenshot is saved to test-output/browser/.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -39,6 +40,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _lab_settings(folder: Path) -> Path:
+    """User settings for this test's JupyterLab only: render every cell (JupyterLab 4 otherwise
+    drops cells scrolled out of view from the page, and their outputs with them) and ask for no
+    news (the offline machine cannot fetch it, and its pop-up covers the page)."""
+    for plugin, settings in {
+        "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+        "@jupyterlab/apputils-extension/notification": {"fetchNews": "false"},
+    }.items():
+        package, name = plugin.rsplit("/", 1)
+        path = folder / package / f"{name}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings))
+    return folder
+
+
 @pytest.fixture
 def lab(tmp_path):
     shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
@@ -50,10 +66,16 @@ def lab(tmp_path):
             f"--IdentityProvider.token={token}",
             f"--ServerApp.root_dir={tmp_path / 'notebooks'}",
             "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            # CI and containers often run as root, which Jupyter refuses without this flag.
+            *(["--allow-root"] if os.geteuid() == 0 else []),
         ],
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "lab.log", "w"),  # noqa: SIM115
-        env=dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config")),
+        env=dict(
+            os.environ,
+            JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"),
+            JUPYTERLAB_SETTINGS_DIR=str(_lab_settings(tmp_path / "lab-settings")),
+        ),
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -92,11 +114,11 @@ def test_notebook_00_runs_in_jupyterlab_in_a_real_browser(lab):
             expect(notebook).to_be_visible(timeout=60_000)
             idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
             expect(idle).to_have_count(1, timeout=60_000)
-            page.locator(".jp-MenuBar-item", has_text="Edit").click()
+            page.locator(".lm-MenuBar-item", has_text="Edit").click()
             page.locator(".lm-Menu-itemLabel", has_text="Clear Outputs of All Cells").click()
             expect(page.locator(".jp-OutputArea-output")).to_have_count(0, timeout=10_000)
 
-            page.locator(".jp-MenuBar-item", has_text="Run").click()
+            page.locator(".lm-MenuBar-item", has_text="Run").click()
             page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
 
             # Per-rank output blocks appear, in the page, from live ranks.
