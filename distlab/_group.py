@@ -292,9 +292,8 @@ class RankGroup:
         if task is None or proc.rank not in task.pending:
             return
         task.pending.discard(proc.rank)
-        text = _output.decode(bytes(proc.buf))
         task.outputs[proc.rank] = bytes(proc.buf)
-        lines = [x for x in text.rstrip("\n").splitlines() if not x.startswith("Extension modules")]
+        lines = _output.tidy(_output.decode(bytes(proc.buf))).rstrip("\n").splitlines()
         tail = "\n".join(lines[-20:])
         self._fail(
             task,

@@ -15,9 +15,19 @@ def prefix(rank: int, text: str) -> str:
     return "".join(f"{tag} {line}\n" if line else f"{tag}\n" for line in text.splitlines())
 
 
+def tidy(text: str) -> str:
+    """``text`` without faulthandler's "Extension modules: ..." line. After a crash it lists every
+    C extension the rank had loaded: a long line that helps no one reading the crash, and that
+    changes whenever a module happens to be imported earlier or later."""
+    if "Extension modules: " not in text:
+        return text
+    keep = [x for x in text.splitlines(keepends=True) if not x.startswith("Extension modules: ")]
+    return "".join(keep)
+
+
 def render(outputs: dict[int, str]) -> str:
     """All ranks' output, grouped by rank in rank order."""
-    return "".join(prefix(r, outputs[r]) for r in sorted(outputs) if outputs[r])
+    return "".join(prefix(r, tidy(outputs[r])) for r in sorted(outputs) if outputs[r])
 
 
 def emit(text: str) -> None:

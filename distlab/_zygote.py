@@ -40,6 +40,21 @@ PRELOAD = (
     "distlab._child",
 )
 
+#: Imported later, one module at a time, whenever the zygote has been idle for `_IDLE` seconds.
+#: Constructing DDP, FSDP or a DTensor imports torch._dynamo and friends: ~2 s per rank, and 11 s
+#: when four ranks do it at once on two cores (measured). Importing them here, after the zygote has
+#: said it is ready, keeps the first launch quick and makes every later DDP rank start warm.
+LATE_PRELOAD = (
+    "torch._dynamo",
+    "torch.distributed.algorithms.ddp_comm_hooks",
+    "torch.distributed.fsdp",
+    "torch.distributed.nn",
+    "torch.distributed.rpc",
+    "torch.distributed.tensor",
+    "torch.distributed.tensor.parallel",
+)
+_IDLE = 0.3
+
 _MAX_MSG = 1 << 20
 _MAX_FDS = 8
 
@@ -94,12 +109,20 @@ def serve(sock_fd: int) -> None:
 
 
 def _loop(sock: socket.socket, wake_r: int, wake_w: int) -> None:
+    import importlib
     import select
     import traceback
 
     children: set[int] = set()
+    late = list(LATE_PRELOAD)
     while True:
-        readable, _, _ = select.select([sock, wake_r], [], [])
+        readable, _, _ = select.select([sock, wake_r], [], [], _IDLE if late else None)
+        if not readable:  # idle: import the next module (single-threaded, so forks stay safe)
+            try:
+                importlib.import_module(late.pop(0))
+            except Exception:
+                pass  # a rank that needs it will import it itself, and report any error there
+            continue
         if wake_r in readable:
             os.read(wake_r, 4096)
             _reap(sock, children)
