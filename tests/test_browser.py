@@ -133,6 +133,8 @@ def test_notebook_00_runs_in_jupyterlab_in_a_real_browser(lab):
             assert page.locator(".jp-RenderedText", has_text="[rank 0]").count() > 0
         except Exception:
             page.screenshot(path=str(OUT / "notebook00-failure.png"))
+            # The page's text, outputs and tracebacks included: which cell stopped "Run All".
+            (OUT / "notebook00-failure.txt").write_text(page.locator(".jp-Notebook").inner_text())
             raise
         finally:
             browser.close()
