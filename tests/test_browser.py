@@ -97,7 +97,7 @@ def lab(tmp_path):
 
 
 def test_notebook_00_runs_in_jupyterlab_in_a_real_browser(lab):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import sync_playwright
 
     url, token = lab
     OUT.mkdir(parents=True, exist_ok=True)
@@ -109,28 +109,7 @@ def test_notebook_00_runs_in_jupyterlab_in_a_real_browser(lab):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=flags)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page.goto(f"{url}/lab/tree/{NOTEBOOK}?token={token}")
-            notebook = page.locator(".jp-NotebookPanel")
-            expect(notebook).to_be_visible(timeout=60_000)
-            idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-            expect(idle).to_have_count(1, timeout=60_000)
-            _clear_all_outputs(page)
-
-            page.locator(".lm-MenuBar-item", has_text="Run").click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-
-            # Per-rank output blocks appear, in the page, from live ranks.
-            expect(page.get_by_text("[rank 0]").first).to_be_visible(timeout=120_000)
-            expect(page.get_by_text("[rank 1]").first).to_be_visible(timeout=60_000)
-            # The status widget renders as a live view (an HTML table naming each rank's state).
-            widget = page.locator(".jp-OutputArea-output .widget-html").first
-            expect(widget).to_contain_text("rank 0", timeout=120_000)
-            # Wait until the whole notebook has run: the last code cell gets an execution count.
-            last_prompt = page.locator(".jp-CodeCell .jp-InputArea-prompt").last
-            last_prompt.scroll_into_view_if_needed()
-            expect(last_prompt).to_have_text("[" + _code_cell_count() + "]:", timeout=180_000)
-            page.screenshot(path=str(OUT / "notebook00.png"), full_page=False)
-            assert page.locator(".jp-RenderedText", has_text="[rank 0]").count() > 0
+            _run_notebook_00(page, url, token)
         except Exception:
             page.screenshot(path=str(OUT / "notebook00-failure.png"))
             # The page's text, outputs and tracebacks included: which cell stopped "Run All".
@@ -138,6 +117,33 @@ def test_notebook_00_runs_in_jupyterlab_in_a_real_browser(lab):
             raise
         finally:
             browser.close()
+
+
+def _run_notebook_00(page, url: str, token: str) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{url}/lab/tree/{NOTEBOOK}?token={token}")
+    notebook = page.locator(".jp-NotebookPanel")
+    expect(notebook).to_be_visible(timeout=60_000)
+    idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    expect(idle).to_have_count(1, timeout=60_000)
+    _clear_all_outputs(page)
+
+    page.locator(".lm-MenuBar-item", has_text="Run").click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+    # Per-rank output blocks appear, in the page, from live ranks.
+    expect(page.get_by_text("[rank 0]").first).to_be_visible(timeout=120_000)
+    expect(page.get_by_text("[rank 1]").first).to_be_visible(timeout=60_000)
+    # The status widget renders as a live view (an HTML table naming each rank's state).
+    widget = page.locator(".jp-OutputArea-output .widget-html").first
+    expect(widget).to_contain_text("rank 0", timeout=120_000)
+    # Wait until the whole notebook has run: the last code cell gets an execution count.
+    last_prompt = page.locator(".jp-CodeCell .jp-InputArea-prompt").last
+    last_prompt.scroll_into_view_if_needed()
+    expect(last_prompt).to_have_text("[" + _code_cell_count() + "]:", timeout=180_000)
+    page.screenshot(path=str(OUT / "notebook00.png"), full_page=False)
+    assert page.locator(".jp-RenderedText", has_text="[rank 0]").count() > 0
 
 
 def _clear_all_outputs(page) -> None:
