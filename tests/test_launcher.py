@@ -514,3 +514,22 @@ def test_killed_kernel_takes_its_ranks_down_within_5_seconds(tmp_path):
     finally:
         k.kc.stop_channels()
         k.km.cleanup_resources()
+
+
+def _heavy_modules_loaded():
+    import sys
+
+    return [name for name in ("torch._dynamo", "torch.distributed.rpc") if name in sys.modules]
+
+
+def test_ranks_start_with_ddps_imports_done_once_the_helper_has_been_idle():
+    # DDP, FSDP, DTensor and RPC import torch._dynamo (~2 s per rank). The zygote imports them
+    # while it has nothing else to do, so ranks forked afterwards start with them loaded.
+    deadline = time.monotonic() + 60
+    loaded = []
+    while time.monotonic() < deadline:
+        loaded = distlab.launch(_heavy_modules_loaded, world_size=1, backend=None)[0]
+        if len(loaded) == 2:
+            break
+        time.sleep(1.0)
+    assert loaded == ["torch._dynamo", "torch.distributed.rpc"]
