@@ -10,9 +10,10 @@ def decode(data: bytes) -> str:
 
 
 def prefix(rank: int, text: str) -> str:
-    """``text`` with every line prefixed ``[rank N]`` (an empty line gets the bare prefix)."""
+    """``text`` with every line prefixed ``[rank N]`` (an empty line gets the bare prefix), less
+    what `tidy` drops. Both the blocks after a run and streamed lines come through here."""
     tag = f"[rank {rank}]"
-    return "".join(f"{tag} {line}\n" if line else f"{tag}\n" for line in text.splitlines())
+    return "".join(f"{tag} {line}\n" if line else f"{tag}\n" for line in tidy(text).splitlines())
 
 
 def tidy(text: str) -> str:
@@ -27,7 +28,7 @@ def tidy(text: str) -> str:
 
 def render(outputs: dict[int, str]) -> str:
     """All ranks' output, grouped by rank in rank order."""
-    return "".join(prefix(r, tidy(outputs[r])) for r in sorted(outputs) if outputs[r])
+    return "".join(prefix(r, outputs[r]) for r in sorted(outputs) if outputs[r])
 
 
 def emit(text: str) -> None:

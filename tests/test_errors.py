@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from distlab._output import prefix, render
 from distlab.errors import RankError, RankFailure, RankTimeout, order_failures
 
 
@@ -65,8 +64,3 @@ def test_rank_timeout_lists_stuck_ranks_with_stacks_and_a_hint():
     assert "--- rank 1 is stuck here (most recent call last) ---" in text
     assert "dist.barrier()" in text and "Finished: rank 0." in text
     assert isinstance(err, TimeoutError) and err.ranks == [1]
-
-
-def test_output_lines_are_prefixed_and_grouped_in_rank_order():
-    assert prefix(3, "a\n\nb") == "[rank 3] a\n[rank 3]\n[rank 3] b\n"
-    assert render({1: "one\n", 0: "zero\n", 2: ""}) == "[rank 0] zero\n[rank 1] one\n"

@@ -5,9 +5,10 @@ from __future__ import annotations
 from distlab import _output
 
 
-def test_every_line_gets_its_rank_prefix_and_blocks_come_in_rank_order():
-    text = _output.render({1: "b\n", 0: "a\n\nc\n", 2: ""})
-    assert text == "[rank 0] a\n[rank 0]\n[rank 0] c\n[rank 1] b\n"
+def test_output_lines_are_prefixed_and_grouped_in_rank_order():
+    assert _output.prefix(3, "a\n\nb") == "[rank 3] a\n[rank 3]\n[rank 3] b\n"
+    text = _output.render({1: "one\n", 0: "zero\n", 2: ""})
+    assert text == "[rank 0] zero\n[rank 1] one\n"
 
 
 def test_faulthandlers_list_of_extension_modules_is_dropped_and_nothing_else():
@@ -23,3 +24,5 @@ def test_faulthandlers_list_of_extension_modules_is_dropped_and_nothing_else():
         "Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)\n", ""
     )
     assert _output.tidy("no crash here\n") == "no crash here\n"
+    # streamed lines go through prefix() alone, and lose the line too
+    assert "Extension modules" not in _output.prefix(1, crash)
