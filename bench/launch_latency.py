@@ -6,12 +6,14 @@ Compares, in one run, for world sizes 2, 4, 8:
                    ``import distlab, torch`` (what a notebook's first cell does); the zygote warms
                    up in the background during ``import torch``.
 * distlab cold+import -- the same fresh process, timed from before ``import distlab, torch``.
-* distlab warm  -- later launches in the same process.
+* distlab warm  -- later launches in the same process, once the zygote has finished its idle-time
+                   warm-up (late imports, huge pages: a few seconds after the first launch, as
+                   between a learner's cells). ``--no-settle`` measures straight away instead.
 * mp fork / mp spawn -- ``torch.multiprocessing.start_processes`` of a function defined in this
                    script (a script, not a notebook: spawn cannot run notebook functions at all),
                    with the same FileStore rendezvous, all_reduce and a queue for the results.
 
-Usage:  python bench/launch_latency.py [--sizes 2 4 8] [--warm 10] [--cold 3]
+Usage:  python bench/launch_latency.py [--sizes 2 4 8] [--warm 10] [--cold 3] [--no-settle]
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import distlab  # noqa: E402
+from distlab import _zygote  # noqa: E402
 
 
 def work():
@@ -106,6 +109,7 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=10)
     ap.add_argument("--cold", type=int, default=3)
     ap.add_argument("--spawn", type=int, default=2)
+    ap.add_argument("--no-settle", action="store_true", help="do not wait for the zygote's warm-up")
     args = ap.parse_args()
 
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, medians in seconds")
@@ -115,6 +119,8 @@ def main() -> None:
         expected = [sum(range(1, n + 1)) * 4.0] * n
         assert distlab.launch(work, world_size=n) == expected
         assert mp_launch(n, "fork") == expected
+        if not args.no_settle:
+            assert _zygote.get().wait_settled(), "the zygote did not finish warming up"
         warm = timed(lambda n=n: distlab.launch(work, world_size=n), args.warm)
         colds = [cold(n) for _ in range(args.cold)]
         fork = timed(lambda n=n: mp_launch(n, "fork"), args.warm)

@@ -24,6 +24,9 @@ import traceback
 import types
 from multiprocessing.connection import Connection
 
+#: Objects that must outlive `rank_main` until os._exit (see `_Rank.finish`).
+_KEEP: list = []
+
 _THIS_FILE = __file__.removesuffix("c") if __file__.endswith(".pyc") else __file__
 
 
@@ -251,8 +254,9 @@ class _Rank:
             if dist.is_available() and dist.is_initialized():
                 # Keep a reference so the C++ object outlives destroy_process_group(): its
                 # destructor closes gloo's sockets one peer at a time (~10 ms per rank), and the
-                # process exits right after this anyway, which closes them all at once.
-                self.world = dist.group.WORLD
+                # process exits right after this anyway, which closes them all at once. Module
+                # level, not `self`: this object is freed when rank_main returns, before os._exit.
+                _KEEP.append(dist.group.WORLD)
                 dist.destroy_process_group()
         except BaseException:
             traceback.print_exc()

@@ -151,41 +151,51 @@ class RankGroup:
             **(env or {}),
         }
         try:
-            for rank in range(world_size):
-                self.procs.append(self._start(rank, base_env, pg_timeout))
+            self.procs = self._start(base_env, pg_timeout)
         except BaseException:
             self.kill()
             raise
 
-    def _start(self, rank: int, base_env: dict[str, str], pg_timeout: float) -> _Proc:
-        ctrl_k, ctrl_c = socket.socketpair()
-        dbg_k, dbg_c = socket.socketpair()
-        out_r, out_w = os.pipe()
-        os.set_blocking(out_r, False)
-        env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
-        spec = {
-            "rank": rank,
-            "world_size": self.world_size,
-            "backend": self.backend,
-            "store_path": os.path.join(self.tmpdir, "store"),
-            "pg_timeout": pg_timeout,
-            "threads": self.threads,
-            "token": self.token,
-            "env": env,
-            "cwd": os.getcwd(),
-        }
+    def _start(self, base_env: dict[str, str], pg_timeout: float) -> list[_Proc]:
+        """Create every rank's channels, then ask for all the processes at once."""
+        ours, theirs, specs = [], [], []
         try:
-            pid = self.starter.fork(spec, [ctrl_c.fileno(), dbg_c.fileno(), out_w])
+            for rank in range(self.world_size):
+                ctrl_k, ctrl_c = socket.socketpair()
+                dbg_k, dbg_c = socket.socketpair()
+                out_r, out_w = os.pipe()
+                os.set_blocking(out_r, False)
+                ours.append((ctrl_k, dbg_k, out_r))
+                theirs.append([ctrl_c.detach(), dbg_c.detach(), out_w])
+                env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
+                specs.append(
+                    {
+                        "rank": rank,
+                        "world_size": self.world_size,
+                        "backend": self.backend,
+                        "store_path": os.path.join(self.tmpdir, "store"),
+                        "pg_timeout": pg_timeout,
+                        "threads": self.threads,
+                        "token": self.token,
+                        "env": env,
+                        "cwd": os.getcwd(),
+                    }
+                )
+            pids = self.starter.fork_many(list(zip(specs, theirs, strict=True)))
         except BaseException:
-            for s in (ctrl_k, dbg_k):
-                s.close()
-            os.close(out_r)
+            for ctrl_k, dbg_k, out_r in ours:
+                ctrl_k.close()
+                dbg_k.close()
+                os.close(out_r)
             raise
         finally:
-            ctrl_c.close()
-            dbg_c.close()
-            os.close(out_w)
-        return _Proc(rank, pid, Connection(ctrl_k.detach()), Connection(dbg_k.detach()), out_r)
+            for fds in theirs:
+                for fd in fds:
+                    os.close(fd)
+        return [
+            _Proc(rank, pid, Connection(ctrl_k.detach()), Connection(dbg_k.detach()), out_r)
+            for rank, (pid, (ctrl_k, dbg_k, out_r)) in enumerate(zip(pids, ours, strict=True))
+        ]
 
     # -- running a task ---------------------------------------------------------------------------
 

@@ -20,12 +20,15 @@ _BOOT = (
 
 
 class Spawner:
-    """Same interface as `distlab._zygote.Zygote`: ``fork(spec, fds) -> pid``, ``wait_exit``."""
+    """Same interface as `distlab._zygote.Zygote`: ``fork_many``, ``wait_exit``."""
 
     def __init__(self) -> None:
         self._procs: dict[int, subprocess.Popen] = {}
 
-    def fork(self, spec: dict, fds: list[int], timeout: float = 0) -> int:
+    def fork_many(self, requests: list[tuple[dict, list[int]]]) -> list[int]:
+        return [self.fork(spec, fds) for spec, fds in requests]
+
+    def fork(self, spec: dict, fds: list[int]) -> int:
         env = dict(os.environ, DISTLAB_NO_WARM="1")
         env["DISTLAB_SYS_PATH"] = json.dumps([p for p in sys.path if p])
         env["DISTLAB_SPEC"] = base64.b64encode(pickle.dumps((spec, fds))).decode()
