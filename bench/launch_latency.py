@@ -54,14 +54,20 @@ def _mp_worker(rank, world_size, path, queue):
 def mp_launch(world_size: int, method: str) -> list:
     ctx = mp.get_context(method)
     queue = ctx.SimpleQueue()
+    # Spawned workers import this script, hence distlab: keep them from starting zygotes of their
+    # own, which would import torch in the background and slow down whatever is measured next.
+    os.environ["DISTLAB_NO_WARM"] = "1"
     with tempfile.TemporaryDirectory() as d:
-        procs = mp.start_processes(
-            _mp_worker,
-            args=(world_size, os.path.join(d, "store"), queue),
-            nprocs=world_size,
-            start_method=method,
-            join=False,
-        )
+        try:
+            procs = mp.start_processes(
+                _mp_worker,
+                args=(world_size, os.path.join(d, "store"), queue),
+                nprocs=world_size,
+                start_method=method,
+                join=False,
+            )
+        finally:
+            del os.environ["DISTLAB_NO_WARM"]
         results = dict(queue.get() for _ in range(world_size))
         procs.join()
     return [results[r] for r in range(world_size)]
