@@ -150,11 +150,7 @@ class RankGroup:
             "MKL_NUM_THREADS": str(self.threads),
             **(env or {}),
         }
-        try:
-            self.procs = self._start(base_env, pg_timeout)
-        except BaseException:
-            self.kill()
-            raise
+        self.procs = self._start(base_env, pg_timeout)  # all of them, or an error and none
 
     def _start(self, base_env: dict[str, str], pg_timeout: float) -> list[_Proc]:
         """Create every rank's channels, then ask for all the processes at once."""
