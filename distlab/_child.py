@@ -179,7 +179,7 @@ def adopt_into_main(*objs: object) -> None:
                 continue
             if "." not in obj.__qualname__ and "<" not in obj.__qualname__:
                 setattr(main, obj.__name__, obj)
-            names = set(obj.__code__.co_names)
+            names = _global_names(obj.__code__)
             todo.extend(v for k, v in obj.__globals__.items() if k in names)
             todo.extend(c.cell_contents for c in obj.__closure__ or () if _has_contents(c))
             todo.extend(obj.__defaults__ or ())
@@ -192,6 +192,16 @@ def adopt_into_main(*objs: object) -> None:
             todo.extend(obj.__bases__)
         elif not isinstance(obj, (types.ModuleType, str, bytes, int, float, bool)):
             todo.append(type(obj))
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """Global names a function's code uses, including inside its lambdas, comprehensions and
+    generator expressions (each of those is a code object of its own, in ``co_consts``)."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
 
 
 def _has_contents(cell) -> bool:

@@ -421,19 +421,23 @@ def test_rpc_with_default_arguments_and_a_cell_function(kernel):
             import torch.distributed.rpc as rpc
             def add(a, b):
                 return a + b
+            def mul(a, b):
+                return a * b
             def rpc_work():
                 r = int(os.environ["RANK"])
                 rpc.init_rpc(f"worker{r}", rank=r, world_size=2)
                 got = rpc.rpc_sync(f"worker{1 - r}", add, args=(torch.ones(2), r))
+                # `mul` is named only inside a generator expression (its own code object)
+                more = sum(rpc.rpc_sync(f"worker{1 - r}", mul, args=(got, k)) for k in (1, 2))
                 rpc.shutdown()
-                return got.tolist()
+                return got.tolist(), more.tolist()
             print(distlab.launch(rpc_work, world_size=2, backend=None, timeout=60))
             """
         ),
         timeout=120,
     )
     assert res.error is None, res.text
-    assert res.stdout.splitlines()[-1] == "[[1.0, 1.0], [2.0, 2.0]]"
+    assert res.stdout.splitlines()[-1] == "[([1.0, 1.0], [3.0, 3.0]), ([2.0, 2.0], [6.0, 6.0])]"
 
 
 def test_rank_error_in_a_cell_shows_the_cells_source_line(kernel):
