@@ -44,22 +44,22 @@ PRELOAD = (
     "distlab._child",
 )
 
-#: Imported later, one module at a time, whenever the zygote has been idle for `_IDLE` seconds.
+#: Imported later, once the zygote has been idle for `_IDLE` seconds: one module at a time, until
+#: the next request comes in (and after the next idle `_IDLE` seconds, on from there).
 #: Constructing DDP, FSDP or a DTensor imports torch._dynamo and friends: ~2 s per rank, and 11 s
 #: when four ranks do it at once on two cores (measured). Importing them here, after the zygote has
 #: said it is ready, keeps the first launch quick and makes every later DDP rank start warm.
-#: A launch that arrives during an import waits for it, so the big one, torch._dynamo (1.8 s alone),
-#: comes after some of what it imports: the longest wait is then ~0.9 s (measured). Only whole,
-#: independent modules: importing parts of torch._dynamo first trips its circular imports.
+#: torch._dynamo comes first, in one piece (1.8 s): a launch that arrives meanwhile waits for it,
+#: and that is the better deal. Importing its parts first instead (sympy, DTensor, FSDP) shortened
+#: the longest wait to 0.9 s, but then the six ranks of notebook 12's hybrid model were forked
+#: without torch._dynamo and each imported it itself: 4 s -> 9-14 s for that cell (measured).
 LATE_PRELOAD = (
-    "sympy",
-    "torch.fx.experimental.symbolic_shapes",
-    "torch.distributed.tensor",
-    "torch.distributed.fsdp",
     "torch._dynamo",
     "torch.distributed.algorithms.ddp_comm_hooks",
+    "torch.distributed.fsdp",
     "torch.distributed.nn",
     "torch.distributed.rpc",
+    "torch.distributed.tensor",
     "torch.distributed.tensor.parallel",
 )
 _IDLE = 0.3
@@ -132,15 +132,15 @@ def _loop(sock: socket.socket, wake_r: int, wake_w: int) -> None:
     settled = False
     while True:
         readable, _, _ = select.select([sock, wake_r], [], [], None if settled else _IDLE)
-        if not readable:  # idle: warm up a bit more (single-threaded, so forks stay safe)
-            if late:
-                try:
+        if not readable:  # idle: warm up, step by step, until a request comes in
+            while late and not select.select([sock, wake_r], [], [], 0)[0]:
+                try:  # single-threaded, so forks stay safe
                     importlib.import_module(late.pop(0))
                 except Exception:
                     pass  # a rank that needs it will import it itself, and report any error there
-            elif huge is None:
+            if not late and huge is None:
                 huge = _private_memory()  # after the imports: they allocate most of it
-            else:
+            if huge:
                 _collapse(huge, [sock, wake_r])
             if not late and huge == []:
                 settled = True
