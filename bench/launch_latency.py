@@ -13,7 +13,7 @@ Compares, in one run, for world sizes 2, 4, 8:
                    script (a script, not a notebook: spawn cannot run notebook functions at all),
                    with the same FileStore rendezvous, all_reduce and a queue for the results.
 
-Usage:  python bench/launch_latency.py [--sizes 2 4 8] [--warm 10] [--cold 3] [--no-settle]
+Usage:  python bench/launch_latency.py [--sizes 2 4 8] [--warm 30] [--cold 3] [--no-settle]
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def timed(fn, repeat: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8])
-    ap.add_argument("--warm", type=int, default=10)
+    ap.add_argument("--warm", type=int, default=30)
     ap.add_argument("--cold", type=int, default=3)
     ap.add_argument("--spawn", type=int, default=2)
     ap.add_argument("--no-settle", action="store_true", help="do not wait for the zygote's warm-up")
