@@ -30,7 +30,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 #: Modules imported once in the zygote, so that every rank starts with them loaded.
 PRELOAD = (
@@ -311,35 +310,27 @@ class Zygote:
         return not self._closed and self._error is None and self.proc.poll() is None
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while not self._ready:
-                if self._error or self._closed:
-                    raise ZygoteError(
-                        "distlab could not start its helper process (the one that imports torch "
-                        "once and forks the ranks):\n"
-                        + (self._error or f"it exited with code {self.proc.poll()}")
-                        + "\nCheck that `import torch` works in this environment."
-                    )
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ZygoteError(
-                        "distlab's helper process did not finish importing torch in "
-                        f"{timeout:.0f} s"
-                    )
-                self._cond.wait(left)
+            self._cond.wait_for(lambda: self._ready or self._error or self._closed, timeout)
+            if self._ready:
+                return
+            if self._error or self._closed:
+                raise ZygoteError(
+                    "distlab could not start its helper process (the one that imports torch "
+                    "once and forks the ranks):\n"
+                    + (self._error or f"it exited with code {self.proc.poll()}")
+                    + "\nCheck that `import torch` works in this environment."
+                )
+            raise ZygoteError(
+                f"distlab's helper process did not finish importing torch in {timeout:.0f} s"
+            )
 
     def wait_settled(self, timeout: float = 120.0) -> bool:
         """Wait until the zygote has done its idle-time work (late imports, huge pages), so
         that launches from now on are as fast as they get. Benchmarks and tests use this."""
         self.wait_ready(timeout)
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while not self._settled and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
+            self._cond.wait_for(lambda: self._settled or self._closed, timeout)
             return self._settled
 
     def fork_many(
@@ -356,26 +347,26 @@ class Zygote:
                 self._token += 1
                 tokens.append(self._token)
                 _send(self._sock, ("fork", self._token, spec), fds)
-        deadline = time.monotonic() + timeout
+
+        def started() -> bool:
+            return all(t in self._forked for t in tokens)
+
         with self._cond:
-            while not all(t in self._forked for t in tokens):
-                if self._closed:
-                    raise ZygoteError("distlab's helper process exited while starting a rank")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ZygoteError("distlab's helper process did not start a rank in time")
-                self._cond.wait(left)
+            self._cond.wait_for(lambda: started() or self._closed, timeout)
+            if not started():
+                raise ZygoteError(
+                    "distlab's helper process exited while starting a rank"
+                    if self._closed
+                    else "distlab's helper process did not start a rank in time"
+                )
             return [self._forked.pop(t) for t in tokens]
 
     def wait_exit(self, pid: int, timeout: float) -> int | None:
         """Exit code of rank `pid` (negative: killed by that signal), or None if still running."""
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while pid not in self._exited:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._closed:
-                    return None
-                self._cond.wait(left)
+            self._cond.wait_for(lambda: pid in self._exited or self._closed, timeout)
+            if pid not in self._exited:
+                return None
             return os.waitstatus_to_exitcode(self._exited.pop(pid))
 
     def close(self) -> None:
