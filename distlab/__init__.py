@@ -11,6 +11,7 @@ import os
 from ._ship import ShipError
 from .cluster import Cluster
 from .errors import ClusterBroken, RankError, RankFailure, RankTimeout
+from .exercises import check
 from .launcher import launch
 from .magic import load_ipython_extension
 
@@ -18,6 +19,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cluster",
+    "check",
     "ClusterBroken",
     "RankError",
     "RankFailure",

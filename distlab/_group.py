@@ -204,20 +204,22 @@ class RankGroup:
         stream: bool = False,
         on_failure: str = "kill",
         grace: float = 0.5,
+        fold: bool = False,
     ) -> list:
         """Run ``payload`` (see `_ship`) on ``ranks``; print their output; return their values.
 
         ``on_failure="kill"`` (launch): after the first failure the others get ``grace`` seconds,
         then are killed. ``"interrupt"`` (Cluster): they get an interrupt instead, so live ranks
-        survive. Raises `RankError`, `RankTimeout`, or KeyboardInterrupt (after cleaning up).
+        survive. ``fold``: print lines that all ranks printed alike once (see `_output.render`).
+        Raises `RankError`, `RankTimeout`, or KeyboardInterrupt (after cleaning up).
         """
         task = self.submit(payload, ranks)
         try:
             self.collect(task, task.started + timeout, stream, grace)
         except KeyboardInterrupt:
-            self.after_interrupt(task, on_failure, stream)
+            self.after_interrupt(task, on_failure, stream, fold)
             raise
-        return self.finish(task, timeout, stream, on_failure)
+        return self.finish(task, timeout, stream, on_failure, fold)
 
     def submit(self, payload: bytes, ranks: list[int] | None = None) -> _Task:
         targets = list(range(self.world_size)) if ranks is None else list(ranks)
@@ -364,7 +366,9 @@ class RankGroup:
 
     # -- after the wait: what happened? -----------------------------------------------------------
 
-    def finish(self, task: _Task, timeout: float, stream: bool, on_failure: str) -> list:
+    def finish(
+        self, task: _Task, timeout: float, stream: bool, on_failure: str, fold: bool = False
+    ) -> list:
         stuck: dict[int, str] = {}
         stopped: list[int] = []
         hint = ""
@@ -388,7 +392,9 @@ class RankGroup:
             task.outputs.setdefault(r, bytes(self.procs[r].buf))
         if not stream:
             _output.emit(
-                _output.render({r: _output.decode(task.outputs.get(r, b"")) for r in task.targets})
+                _output.render(
+                    {r: _output.decode(task.outputs.get(r, b"")) for r in task.targets}, fold
+                )
             )
         if task.failures:
             failures = order_failures(task.failures)
@@ -445,7 +451,9 @@ class RankGroup:
             proc.buf.clear()
         return stacks
 
-    def after_interrupt(self, task: _Task, on_failure: str, stream: bool) -> None:
+    def after_interrupt(
+        self, task: _Task, on_failure: str, stream: bool, fold: bool = False
+    ) -> None:
         """The kernel was interrupted (stop button) while ranks were running ``task``."""
         if on_failure == "kill":
             self.kill()
@@ -453,7 +461,7 @@ class RankGroup:
         stuck = self._interrupt(task, stream)
         if not stream:
             outputs = {r: _output.decode(task.outputs.get(r, b"")) for r in task.targets}
-            _output.emit(_output.render(outputs))
+            _output.emit(_output.render(outputs, fold))
         if stuck:
             report = RankTimeout(0, stuck, sorted(task.replies), self.world_size, _STUCK_HINT)
             _output.emit(

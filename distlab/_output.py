@@ -1,4 +1,12 @@
-"""Per-rank output: one block per rank, in rank order, every line prefixed ``[rank N]``."""
+"""Per-rank output: one block per rank, in rank order, every line prefixed ``[rank N]``.
+
+With ``fold=True`` (the default for `distlab.launch`, `distlab.Cluster` and ``%%ranks``), lines
+that every rank printed alike are shown once, prefixed with the ranks that printed them::
+
+    [ranks 0-3] UserWarning: ...        <- the same warning on all four ranks, shown once
+    [rank 0] loss 0.25                  <- then what differs, rank by rank
+    [rank 1] loss 0.31
+"""
 
 from __future__ import annotations
 
@@ -9,11 +17,31 @@ def decode(data: bytes) -> str:
     return data.decode("utf-8", errors="backslashreplace")
 
 
-def prefix(rank: int, text: str) -> str:
-    """``text`` with every line prefixed ``[rank N]`` (an empty line gets the bare prefix), less
-    what `tidy` drops. Both the blocks after a run and streamed lines come through here."""
-    tag = f"[rank {rank}]"
-    return "".join(f"{tag} {line}\n" if line else f"{tag}\n" for line in tidy(text).splitlines())
+def tag(ranks: list[int]) -> str:
+    """``[rank 2]`` for one rank; ``[ranks 0-3]``, ``[ranks 0,2]``, ``[ranks 0-2,5]`` for more."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"[rank {ranks[0]}]"
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    parts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)) for run in runs]
+    return f"[ranks {','.join(parts)}]"
+
+
+def prefix(rank: int | list[int], text: str) -> str:
+    """``text`` with every line prefixed ``[rank N]`` (or ``[ranks ...]`` for a list of ranks; an
+    empty line gets the bare prefix), less what `tidy` drops. Both the blocks after a run and
+    streamed lines come through here."""
+    return _tagged([rank] if isinstance(rank, int) else rank, tidy(text).splitlines())
+
+
+def _tagged(ranks: list[int], lines) -> str:
+    label = tag(ranks)
+    return "".join(f"{label} {line}\n" if line else f"{label}\n" for line in lines)
 
 
 def tidy(text: str) -> str:
@@ -26,9 +54,31 @@ def tidy(text: str) -> str:
     return "".join(keep)
 
 
-def render(outputs: dict[int, str]) -> str:
-    """All ranks' output, grouped by rank in rank order."""
-    return "".join(prefix(r, outputs[r]) for r in sorted(outputs) if outputs[r])
+def render(outputs: dict[int, str], fold: bool = False) -> str:
+    """All ranks' output, grouped by rank in rank order.
+
+    ``fold``: the leading lines that every rank printed alike are shown once, tagged with all
+    those ranks; after them, ranks whose remaining output is the same are shown together, each
+    group where its lowest rank would be.
+    """
+    blocks = {r: tidy(outputs[r]).splitlines() for r in sorted(outputs) if outputs[r]}
+    if not fold or len(blocks) < 2:
+        return "".join(prefix(r, outputs[r]) for r in sorted(outputs) if outputs[r])
+    everyone = list(blocks)
+    common = 0
+    for lines in zip(*blocks.values(), strict=False):  # up to the shortest block
+        if any(line != lines[0] for line in lines):
+            break
+        common += 1
+    text = _tagged(everyone, blocks[everyone[0]][:common])
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for r, lines in blocks.items():
+        rest = tuple(lines[common:])
+        if rest:
+            groups.setdefault(rest, []).append(r)
+    for rest, ranks in groups.items():  # dicts keep insertion order: by lowest rank
+        text += _tagged(ranks, rest)
+    return text
 
 
 def emit(text: str) -> None:

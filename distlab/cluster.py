@@ -16,7 +16,7 @@ import re
 import threading
 import weakref
 
-from . import _config, _ship
+from . import _config, _output, _ship
 from ._group import RankGroup
 
 _current: weakref.ref | None = None
@@ -39,20 +39,22 @@ def current() -> Cluster:
 
 
 class PerRank(list):
-    """One value per rank that prints as ``[rank N] value`` lines (a cell's last expression)."""
+    """One value per rank that prints as ``[rank N] value`` lines (a cell's last expression).
+
+    With ``fold`` (the cluster's setting), ranks whose values print alike share one
+    ``[ranks 0-3] value`` block."""
 
     def __repr__(self) -> str:
-        lines = []
-        for r, text in self.items():
-            lines.extend(f"[rank {r}] {line}" for line in text.splitlines() or [""])
-        return "\n".join(lines)
+        texts = {r: text if text else "\n" for r, text in self.items()}
+        return _output.render(texts, self.fold).rstrip("\n")
 
     def items(self):
         return [(r, v) for r, v in zip(self.ranks, self, strict=True) if v is not None]
 
-    def __init__(self, values, ranks):
+    def __init__(self, values, ranks, fold: bool = False):
         super().__init__(values)
         self.ranks = list(ranks)
+        self.fold = fold
 
     def _repr_pretty_(self, p, cycle):
         p.text(repr(self))
@@ -68,6 +70,9 @@ class Cluster:
             with ``run(..., timeout=)`` or ``%%ranks --timeout``). Also the process group's
             timeout, so a collective stuck in C++ gives up after this long.
         threads: CPU threads per rank (default: cores // world_size, at least 1).
+        fold: show lines that every rank printed alike once, as ``[ranks 0-3] ...`` (default);
+            ``False`` shows every rank's full block. Per call: ``run(..., fold=)``,
+            ``%%ranks --no-fold``; for the cluster: ``cluster.fold = False``.
         start_method, env: as for `distlab.launch`.
 
     Raises:
@@ -89,9 +94,11 @@ class Cluster:
         *,
         timeout: float = 60.0,
         threads: int | None = None,
+        fold: bool = True,
         start_method: str | None = None,
         env: dict[str, str] | None = None,
     ):
+        self.fold = fold
         self.world_size = _config.check_world_size(world_size)
         self.timeout = _config.check_timeout(timeout)
         self._backend_arg = backend
@@ -187,39 +194,63 @@ class Cluster:
             )
         return out
 
-    def _execute(self, payload: bytes, ranks, timeout, stream: bool) -> list:
+    def _execute(self, payload: bytes, ranks, timeout, stream: bool, fold=None) -> list:
         group = self._require_group()
+        fold = self.fold if fold is None else fold
         targets = self._ranks(ranks)
         timeout = self.timeout if timeout is None else _config.check_timeout(timeout)
         self._refresh(busy=targets)
         try:
             return group.execute(
-                payload, ranks=targets, timeout=timeout, stream=stream, on_failure="interrupt"
+                payload,
+                ranks=targets,
+                timeout=timeout,
+                stream=stream,
+                on_failure="interrupt",
+                fold=fold,
             )
         finally:
             self._refresh()
 
-    def run(self, fn, *args, ranks=None, timeout: float | None = None, stream=False, **kwargs):
+    def run(
+        self,
+        fn,
+        *args,
+        ranks=None,
+        timeout: float | None = None,
+        stream=False,
+        fold: bool | None = None,
+        **kwargs,
+    ):
         """Run ``fn(*args, **kwargs)`` on the live ranks; return one value per rank.
 
         ``ranks`` (a rank or a list) runs it on some ranks only; the result then has one entry
         per chosen rank. Errors are those of `distlab.launch`. After a Python error the cluster
         stays usable; a rank stuck inside C++ raises `distlab.ClusterBroken` until `restart()`.
+        ``fold`` overrides the cluster's setting for this call.
         """
         _config.check_callable(fn, "Cluster.run()")
-        return self._execute(_ship.dumps_call(fn, args, kwargs), ranks, timeout, stream)
+        return self._execute(_ship.dumps_call(fn, args, kwargs), ranks, timeout, stream, fold)
 
-    def exec(self, source: str, ranks=None, timeout: float | None = None, stream=False):
+    def exec(
+        self,
+        source: str,
+        ranks=None,
+        timeout: float | None = None,
+        stream=False,
+        fold: bool | None = None,
+    ):
         """Run ``source`` as a cell in every rank's own namespace (what ``%%ranks`` does).
 
         Returns a `PerRank` list with the repr of the cell's last expression on each rank
-        (None where there is none).
+        (None where there is none). ``fold`` overrides the cluster's setting for this call.
         """
         self._cells += 1
         filename = f"<ranks cell {self._cells}>"
         payload = _ship.dumps("exec", source, filename)
         targets = self._ranks(ranks)
-        return PerRank(self._execute(payload, targets, timeout, stream), targets)
+        fold = self.fold if fold is None else fold
+        return PerRank(self._execute(payload, targets, timeout, stream, fold), targets, fold)
 
     def push(self, ranks=None, **values) -> None:
         """Set variables in every rank's namespace: ``cluster.push(lr=0.1, model=net)``."""

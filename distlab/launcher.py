@@ -15,6 +15,7 @@ def launch(
     timeout: float = 60.0,
     threads: int | None = None,
     stream: bool = False,
+    fold: bool = True,
     start_method: str | None = None,
     env: dict[str, str] | None = None,
     **kwargs,
@@ -41,6 +42,8 @@ def launch(
             cores // world_size, at least 1, so ranks do not fight over the cores.
         stream: show output lines live, as the ranks print them (lines of different ranks then
             interleave; the default prints each rank's block after the run, deterministically).
+        fold: show lines that every rank printed alike once, as ``[ranks 0-3] ...``, before
+            what differs rank by rank (``False``: every rank's full block, ``[rank N]`` lines).
         start_method: ``"forkserver"`` (Linux default: ranks are forked from a helper process
             that has torch imported, in milliseconds) or ``"spawn"`` (a fresh interpreter per
             rank; macOS default).
@@ -77,7 +80,9 @@ def launch(
     )
     ok = False
     try:
-        values = group.execute(payload, timeout=timeout, stream=stream, on_failure="kill")
+        values = group.execute(
+            payload, timeout=timeout, stream=stream, on_failure="kill", fold=fold
+        )
         ok = True
         return values
     except (RankError, RankTimeout) as e:

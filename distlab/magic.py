@@ -7,6 +7,7 @@
     %%ranks 0,2                # ranks 0 and 2 only
     %%ranks --timeout 5        # declare the cell hung after 5 s
     %%ranks --stream           # show lines as they are printed
+    %%ranks --no-fold          # every rank's full block, even lines all ranks printed alike
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("ranks", nargs="?", default=None)
     p.add_argument("-t", "--timeout", type=float, default=None)
     p.add_argument("--stream", action="store_true")
+    p.add_argument("--no-fold", dest="fold", action="store_false", default=None)
     return p
 
 
-def parse_line(line: str, world_size: int) -> tuple[list[int] | None, float | None, bool]:
-    """``"0,2 --timeout 5"`` -> ([0, 2], 5.0, False). Raises ValueError with a usage hint."""
-    usage = "usage: %%ranks [RANKS like 0,2 or all] [--timeout SECONDS] [--stream]"
+def parse_line(
+    line: str, world_size: int
+) -> tuple[list[int] | None, float | None, bool, bool | None]:
+    """``"0,2 --timeout 5"`` -> ([0, 2], 5.0, False, None). The last item is False for
+    ``--no-fold``, else None (the cluster's setting). Raises ValueError with a usage hint."""
+    usage = "usage: %%ranks [RANKS like 0,2 or all] [--timeout SECONDS] [--stream] [--no-fold]"
     try:
         args = _parser().parse_args(shlex.split(line))
     except SystemExit:
@@ -46,19 +51,19 @@ def parse_line(line: str, world_size: int) -> tuple[list[int] | None, float | No
                 f"rank(s) {bad or args.ranks} out of range: this cluster has ranks "
                 f"0..{world_size - 1}. {usage}"
             )
-    return ranks, args.timeout, args.stream
+    return ranks, args.timeout, args.stream, args.fold
 
 
 def ranks(line: str, cell: str):
     """Run this cell on the ranks of the current distlab cluster (see ``distlab.magic``)."""
     cl = _cluster.current()
-    targets, timeout, stream = parse_line(line, cl.world_size)
+    targets, timeout, stream, fold = parse_line(line, cl.world_size)
     chosen = targets if targets is not None else list(range(cl.world_size))
     warning = _cluster.collective_warning(cell, chosen, cl.world_size)
     if warning:
         print(warning, file=sys.stderr)
     try:
-        result = cl.exec(cell, ranks=targets, timeout=timeout, stream=stream)
+        result = cl.exec(cell, ranks=targets, timeout=timeout, stream=stream, fold=fold)
     except (RankError, RankTimeout, ClusterBroken) as e:
         raise e.with_traceback(None) from None  # the message says it all; skip distlab's frames
     if not result.items() or cell.rstrip().endswith(";"):  # a trailing ; hides Out, as in IPython

@@ -11,10 +11,11 @@ import pytest
 from distlab.magic import parse_line
 
 
-def test_parse_line_reads_ranks_timeout_and_stream():
-    assert parse_line("", 4) == (None, None, False)
-    assert parse_line("all", 4) == (None, None, False)
-    assert parse_line("0,2 --timeout 5 --stream", 4) == ([0, 2], 5.0, True)
+def test_parse_line_reads_ranks_timeout_stream_and_fold():
+    assert parse_line("", 4) == (None, None, False, None)
+    assert parse_line("all", 4) == (None, None, False, None)
+    assert parse_line("0,2 --timeout 5 --stream", 4) == ([0, 2], 5.0, True, None)
+    assert parse_line("--no-fold", 4) == (None, None, False, False)
     with pytest.raises(ValueError, match="out of range"):
         parse_line("0,4", 4)
     with pytest.raises(ValueError, match="must look like 0,2"):
@@ -65,7 +66,14 @@ def test_class_defined_in_a_cell_is_used_in_a_collective(nb):
         )
     )
     assert res.error is None, res.text
-    assert res.stdout == "".join(f"[rank {r}] Message from rank 2\n" for r in range(3))
+    assert res.stdout == "[ranks 0-2] Message from rank 2\n"  # folded: all ranks print it alike
+
+
+def test_no_fold_shows_every_ranks_own_block(nb):
+    res = nb.run(cell("print('same')\nprint('mine', dist.get_rank())", "--no-fold"))
+    assert res.stdout == "".join(f"[rank {r}] same\n[rank {r}] mine {r}\n" for r in range(3))
+    res = nb.run(cell("print('same')\nprint('mine', dist.get_rank())"))
+    assert res.stdout == "[ranks 0-2] same\n[rank 0] mine 0\n[rank 1] mine 1\n[rank 2] mine 2\n"
 
 
 def test_a_subset_of_ranks_runs_alone(nb):
@@ -87,7 +95,7 @@ def test_errors_raise_in_the_kernel_with_the_cells_line_and_the_cluster_stays_us
     assert "rank 1 raised: RuntimeError: only rank 1" in res.text
     assert "raise RuntimeError('only rank 1')" in res.text  # the cell's own source line
     res = nb.run(cell("y"))
-    assert res.error is None and res.results == ["[rank 0] 5\n[rank 1] 5\n[rank 2] 5"]
+    assert res.error is None and res.results == ["[ranks 0-2] 5"]
 
 
 def test_stop_button_interrupts_a_cell_without_killing_the_cluster(nb):
@@ -117,7 +125,7 @@ def test_stop_button_on_a_rank_stuck_in_cpp_says_so_and_points_to_restart(nb):
     res = nb.run(cell("1"))
     assert res.ename == "ClusterBroken"
     assert nb.run("cluster.restart()").error is None
-    assert nb.run(cell("1")).results == ["[rank 0] 1\n[rank 1] 1\n[rank 2] 1"]
+    assert nb.run(cell("1")).results == ["[ranks 0-2] 1"]
 
 
 def test_no_cluster_gives_a_clear_error(nb):

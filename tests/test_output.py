@@ -26,3 +26,29 @@ def test_faulthandlers_list_of_extension_modules_is_dropped_and_nothing_else():
     assert _output.tidy("no crash here\n") == "no crash here\n"
     # streamed lines go through prefix() alone, and lose the line too
     assert "Extension modules" not in _output.prefix(1, crash)
+
+
+def test_ranks_are_tagged_as_runs_and_lists():
+    assert _output.tag([2]) == "[rank 2]"
+    assert _output.tag([3, 1, 0, 2]) == "[ranks 0-3]"
+    assert _output.tag([0, 2]) == "[ranks 0,2]"
+    assert _output.tag([0, 1]) == "[ranks 0,1]"
+    assert _output.tag([0, 1, 2, 5, 7, 8, 9]) == "[ranks 0-2,5,7-9]"
+
+
+def test_fold_shows_shared_leading_lines_once_then_what_differs():
+    outputs = {r: f"UserWarning: same\nvalue {r % 2}\n" for r in range(4)}
+    assert _output.render(outputs, fold=True) == (
+        "[ranks 0-3] UserWarning: same\n[ranks 0,2] value 0\n[ranks 1,3] value 1\n"
+    )
+    # without fold: every rank's whole block, as before
+    assert _output.render(outputs).count("UserWarning") == 4
+
+
+def test_fold_keeps_blank_lines_and_ranks_that_printed_nothing():
+    outputs = {0: "a\n\nb\n", 1: "a\n\nb\n", 2: "", 3: "a\n\nc\n"}
+    assert _output.render(outputs, fold=True) == (
+        "[ranks 0,1,3] a\n[ranks 0,1,3]\n[ranks 0,1] b\n[rank 3] c\n"
+    )
+    # one rank alone is never relabelled
+    assert _output.render({1: "x\n", 0: ""}, fold=True) == "[rank 1] x\n"
