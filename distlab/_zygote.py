@@ -50,7 +50,7 @@ PRELOAD = (
 #: said it is ready, keeps the first launch quick and makes every later DDP rank start warm.
 #: torch._dynamo comes first, in one piece (1.8 s): a launch that arrives meanwhile waits for it,
 #: and that is the better deal. Importing its parts first instead (sympy, DTensor, FSDP) shortened
-#: the longest wait to 0.9 s, but then the six ranks of notebook 12's hybrid model were forked
+#: the longest wait to 0.9 s, but then the six ranks of notebook 13's hybrid model were forked
 #: without torch._dynamo and each imported it itself: 4 s -> 9-14 s for that cell (measured).
 LATE_PRELOAD = (
     "torch._dynamo",

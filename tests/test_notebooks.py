@@ -18,6 +18,7 @@ import nbformat
 import pytest
 
 import distlab
+from distlab import exercises as exercises_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -135,46 +136,120 @@ def test_notebook_opens_with_goals(path):
     )
 
 
-@each_notebook
-def test_notebook_ends_with_summary_and_exercises_with_hidden_solutions(path):
-    nb = _read(path)
-    summary = _first_markdown(nb, _SUMMARY)
-    assert summary is not None, f"{path.name}: no '## Summary' markdown heading"
-    exercises = _first_markdown(nb, _EXERCISES, start=summary)
-    assert exercises is not None, (
-        f"{path.name}: no '## Exercises' markdown heading after the summary"
-    )
+def _verdicts(cell) -> list[str]:
+    """The lines a cell printed, without their ``[rank N]`` / ``[ranks 0-3]`` prefixes."""
+    text = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+    return [re.sub(r"^\[ranks? [\d,-]+\] ?", "", line) for line in text.splitlines()]
 
-    found = 0
+
+def _exercise_problems(nb, name: str) -> tuple[int, list[str]]:
+    """(number of exercises, what is wrong with their shape). See `distlab.exercises`."""
+    summary = _first_markdown(nb, _SUMMARY)
+    if summary is None:
+        return 0, [f"{name}: no '## Summary' markdown heading"]
+    exercises = _first_markdown(nb, _EXERCISES, start=summary)
+    if exercises is None:
+        return 0, [f"{name}: no '## Exercises' markdown heading after the summary"]
+    problems, found = [], 0
     for i, cell in enumerate(nb.cells[exercises:], start=exercises):
         if cell.cell_type != "markdown":
             continue
-        count = len(_EXERCISE.findall(cell.source))
-        if not count:
+        numbers = _EXERCISE.findall(cell.source)
+        if not numbers:
             continue
-        assert count == 1, (
-            f"{path.name}: cell {i} holds {count} exercises; give each its own markdown cell, "
-            "directly followed by its solution"
-        )
+        if len(numbers) > 1:
+            problems.append(f"{name}: cell {i} holds {len(numbers)} exercises; one per cell")
+            continue
         found += 1
-        solution = nb.cells[i + 1] if i + 1 < len(nb.cells) else None
-        assert solution is not None and solution.cell_type == "code", (
-            f"{path.name}: exercise in cell {i} is not directly followed by a solution code cell"
+        n = re.search(r"\d+", numbers[0]).group()
+        label = f"Exercise {n}"
+        attempt, solution = (nb.cells[i + k] if i + k < len(nb.cells) else None for k in (1, 2))
+        if attempt is None or attempt.cell_type != "code" or solution is None or (
+            solution.cell_type != "code"
+        ):
+            problems.append(
+                f"{name}: exercise {n} (cell {i}) must be followed by two code cells: the "
+                "learner's attempt cell, then the hidden solution"
+            )
+            continue
+        where = f"{name}: exercise {n}"
+        if attempt.metadata.get("jupyter", {}).get("source_hidden"):
+            problems.append(f"{where}: the attempt cell (cell {i + 1}) must be visible")
+        if "raise NotImplementedError" not in attempt.source:
+            problems.append(
+                f"{where}: the attempt cell (cell {i + 1}) needs a skeleton that says "
+                "`raise NotImplementedError` where the learner's answer goes"
+            )
+        call = f'check("{label}"'
+        for which, c in (("attempt", attempt), ("solution", solution)):
+            if call not in c.source:
+                problems.append(f"{where}: the {which} cell does not call {call}, test)")
+        if not any(v.startswith(f"{label}: {exercises_mod.NOT_ATTEMPTED}") for v in _verdicts(
+            attempt
+        )):
+            problems.append(
+                f"{where}: the attempt cell's saved output does not say "
+                f"'{label}: {exercises_mod.NOT_ATTEMPTED}' (it should run the check on the "
+                "skeleton). " + FIX
+            )
+        hidden = solution.metadata.get("jupyter", {})
+        if not (hidden.get("source_hidden") is True and hidden.get("outputs_hidden") is True):
+            problems.append(
+                f"{where}: the solution (cell {i + 2}) must be collapsed, source and output: "
+                'metadata["jupyter"] = {"source_hidden": True, "outputs_hidden": True}'
+            )
+        shown = [o.output_type for o in solution.outputs if o.output_type != "stream"]
+        verdicts = _verdicts(solution)
+        if shown or verdicts != sorted(set(verdicts)) or verdicts != [
+            f"{label}: {exercises_mod.PASSED}"
+        ]:
+            problems.append(
+                f"{where}: the solution's saved output must be the verdict "
+                f"'{label}: {exercises_mod.PASSED}' alone (on every rank), nothing that gives "
+                f"the answer away; it is {verdicts + shown}"
+            )
+    if not MIN_EXERCISES <= found <= MAX_EXERCISES:
+        problems.append(
+            f"{name}: {found} exercises after the Exercises heading (each starts a line with "
+            "'### Exercise N', '**Exercise N' or '**N.'); the house arc asks for "
+            f"{MIN_EXERCISES}-{MAX_EXERCISES}"
         )
-        hidden = solution.metadata.get("jupyter", {}).get("source_hidden")
-        assert hidden is True, (
-            f"{path.name}: the solution in cell {i + 1} is not collapsed; set "
-            'cell.metadata["jupyter"] = {"source_hidden": True}'
+    return found, problems
+
+
+@each_notebook
+def test_notebook_ends_with_exercises_that_do_not_give_their_answers_away(path):
+    """Each exercise: its text, a visible attempt cell whose check says "not attempted yet",
+    and a solution collapsed source and output, whose output is only the check's verdict."""
+    _, problems = _exercise_problems(_read(path), path.name)
+    assert not problems, "\n".join(problems)
+
+
+def test_exercise_shape_check_catches_a_spoiled_exercise():
+    def notebook(solution_output: str, hidden: dict) -> nbformat.NotebookNode:
+        nb = nbformat.v4.new_notebook()
+        md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+        attempt = code('def f():\n    raise NotImplementedError\ncheck("Exercise 1", test)')
+        attempt.outputs = [nbformat.v4.new_output("stream", text="Exercise 1: not attempted yet.")]
+        solution = code('def f():\n    return 2\ncheck("Exercise 1", test)')
+        solution.metadata["jupyter"] = hidden
+        solution.outputs = [nbformat.v4.new_output("stream", text=solution_output)]
+        nb.cells = [md("## Summary"), md("## Exercises"), md("**Exercise 1.** Do it."), attempt,
+                    solution, md("**Exercise 2.** Again."), attempt, solution]
+        nb.cells[6] = nbformat.from_dict(
+            {**attempt, "source": attempt.source.replace("Exercise 1", "Exercise 2")}
         )
-        assert _CHECK.search(solution.source), (
-            f"{path.name}: the solution in cell {i + 1} checks nothing; end it with an assert, "
-            "like any other cell"
-        )
-    assert MIN_EXERCISES <= found <= MAX_EXERCISES, (
-        f"{path.name}: {found} exercises after the Exercises heading (each starts a line with "
-        "'### Exercise N', '**Exercise N' or '**N.'); the house arc asks for "
-        f"{MIN_EXERCISES}-{MAX_EXERCISES}"
-    )
+        return nb
+
+    both = {"source_hidden": True, "outputs_hidden": True}
+    good = notebook("[ranks 0-3] Exercise 1: ✓ correct\n", both)
+    found, problems = _exercise_problems(good, "t")
+    assert found == 2
+    assert [p for p in problems if "exercise 1:" in p] == []
+    spoiled = notebook("2 ZeroDivisionError [0, 1]\nExercise 1: ✓ correct\n", both)
+    assert any("gives the answer away" in p for p in _exercise_problems(spoiled, "t")[1])
+    shown = notebook("Exercise 1: ✓ correct\n", {"source_hidden": True})
+    assert any("collapsed, source and output" in p for p in _exercise_problems(shown, "t")[1])
 
 
 # -- (d) outputs are compared, or excused with a reason ---------------------------------------
