@@ -10,7 +10,10 @@ that every rank printed alike are shown once, prefixed with the ranks that print
 
 from __future__ import annotations
 
+import re
 import sys
+
+from ._readable import readable
 
 
 def decode(data: bytes) -> str:
@@ -36,7 +39,9 @@ def prefix(rank: int | list[int], text: str) -> str:
     """``text`` with every line prefixed ``[rank N]`` (or ``[ranks ...]`` for a list of ranks; an
     empty line gets the bare prefix), less what `tidy` drops. Both the blocks after a run and
     streamed lines come through here."""
-    return _tagged([rank] if isinstance(rank, int) else rank, tidy(text).splitlines())
+    if isinstance(rank, int):
+        return _tagged([rank], tidy(text, rank).splitlines())
+    return _tagged(rank, tidy(text).splitlines())
 
 
 def _tagged(ranks: list[int], lines) -> str:
@@ -44,10 +49,28 @@ def _tagged(ranks: list[int], lines) -> str:
     return "".join(f"{label} {line}\n" if line else f"{label}\n" for line in lines)
 
 
-def tidy(text: str) -> str:
-    """``text`` without faulthandler's "Extension modules: ..." line. After a crash it lists every
-    C extension the rank had loaded: a long line that helps no one reading the crash, and that
-    changes whenever a module happens to be imported earlier or later."""
+#: The start of a C++ log line from torch (c10): level, date, time to the nanosecond, sometimes
+#: a thread id, then the source file and line:
+#: ``[W1121 14:05:01.123456789 ProcessGroupGloo.cpp:123]``.
+_CPP_LOG = re.compile(
+    r"\[([IWEF])\d{4} \d{2}:\d{2}:\d{2}\.\d+(?: \d+)? (?:[^\s\]]*/)?([^\s\]/]+:\d+)\]"
+)
+
+
+def tidy(text: str, rank: int | None = None) -> str:
+    """``text`` without faulthandler's "Extension modules: ..." line, with paths made readable
+    (`distlab._readable`), and C++ log lines without their date, time and thread id
+    (``[W ProcessGroupGloo.cpp:123] ...``: the same warning from every rank then folds).
+    After a crash faulthandler lists every C extension the rank had loaded: a long line that
+    helps no one reading the crash, and that changes whenever a module happens to be imported
+    earlier or later.
+
+    With ``rank``: torch's own ``[rank2]:`` at the start of a line of rank 2 goes too (torch
+    adds it to its log lines and to errors under ``TORCH_DISTRIBUTED_DEBUG``); distlab's
+    ``[rank 2]`` already says it, and without it the same message from every rank folds."""
+    text = _CPP_LOG.sub(r"[\1 \2]", readable(text))
+    if rank is not None and f"[rank{rank}]:" in text:
+        text = re.sub(rf"(?m)^\[rank{rank}\]:", "", text)
     if "Extension modules: " not in text:
         return text
     keep = [x for x in text.splitlines(keepends=True) if not x.startswith("Extension modules: ")]
@@ -61,7 +84,7 @@ def render(outputs: dict[int, str], fold: bool = False) -> str:
     those ranks; after them, ranks whose remaining output is the same are shown together, each
     group where its lowest rank would be.
     """
-    blocks = {r: tidy(outputs[r]).splitlines() for r in sorted(outputs) if outputs[r]}
+    blocks = {r: tidy(outputs[r], r).splitlines() for r in sorted(outputs) if outputs[r]}
     if not fold or len(blocks) < 2:
         return "".join(prefix(r, outputs[r]) for r in sorted(outputs) if outputs[r])
     everyone = list(blocks)

@@ -409,4 +409,9 @@ def _zygote_env() -> dict[str, str]:
     # Import torch with small thread pools; each rank then sets its own budget.
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env.setdefault(var, "1")
+    # torch's Python logging (DTensor's and FSDP's warnings) starts every line with the rank, the
+    # time to the microsecond and the pid, so the same warning from four ranks is four different
+    # lines. Level, logger and message say what a learner needs, and fold into one line. It is
+    # read once, when torch is imported, which happens here. Set it yourself to keep torch's own.
+    env.setdefault("TORCH_LOGS_FORMAT", "%(levelname)s %(name)s: %(message)s")
     return env

@@ -239,6 +239,8 @@ class Cluster:
         timeout: float | None = None,
         stream=False,
         fold: bool | None = None,
+        *,
+        _name: str | None = None,
     ):
         """Run ``source`` as a cell in every rank's own namespace (what ``%%ranks`` does).
 
@@ -246,7 +248,7 @@ class Cluster:
         (None where there is none). ``fold`` overrides the cluster's setting for this call.
         """
         self._cells += 1
-        filename = f"<ranks cell {self._cells}>"
+        filename = _name or f"<ranks cell {self._cells}>"  # %%ranks: "Cell In[5]", as IPython
         payload = _ship.dumps("exec", source, filename)
         targets = self._ranks(ranks)
         fold = self.fold if fold is None else fold

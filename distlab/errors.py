@@ -13,6 +13,8 @@ import re
 import signal
 from dataclasses import dataclass
 
+from ._readable import readable
+
 # Messages that mean "a peer went away" or "a collective waited too long" rather than a bug of
 # their own. A failure like this that happens after another rank's failure is a consequence.
 _CONSEQUENCE = re.compile(
@@ -20,6 +22,39 @@ _CONSEQUENCE = re.compile(
     r"|timed out|Timeout|timeout|DistBackendError|DistNetworkError|communicator was aborted"
     r"|Socket closed|closed by peer|Read error|recv.*failed|Connection was likely closed",
 )
+
+
+def _render_traceback_(self) -> list[str]:
+    """How IPython shows a distlab error (it calls this method when an exception has it):
+    the notebook's own frames, as usual, but none of distlab's, which only pass the error on."""
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    if ip is None:  # not in IPython after all: the standard formatting
+        import traceback
+
+        return traceback.format_exception(type(self), self, self.__traceback__)
+    tb = _user_frames(self.__traceback__)
+    return ip.InteractiveTB.structured_traceback(type(self), self, tb, tb_offset=0)
+
+
+def _user_frames(tb):
+    """A copy of the traceback ``tb`` without distlab's and IPython's own frames."""
+    import os
+    import types
+
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frames = []
+    while tb is not None:
+        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        internal = filename.startswith(here) or f"{os.sep}IPython{os.sep}" in filename
+        if not internal:
+            frames.append((tb.tb_frame, tb.tb_lasti, tb.tb_lineno))
+        tb = tb.tb_next
+    new = None
+    for frame, lasti, lineno in reversed(frames):
+        new = types.TracebackType(new, frame, lasti, lineno)
+    return new
 
 
 @dataclass
@@ -122,7 +157,9 @@ class RankError(RuntimeError):
                 + ", ".join(map(str, self.stopped))
                 + " after the failure above (they were still running)."
             )
-        return "\n".join(lines)
+        return readable("\n".join(lines))
+
+    _render_traceback_ = _render_traceback_
 
 
 class RankTimeout(TimeoutError):
@@ -172,11 +209,15 @@ class RankTimeout(TimeoutError):
             "it. Look for a rank that skipped it, called a different one, or is waiting for a "
             "message nobody sends."
         )
-        return "\n".join(lines)
+        return readable("\n".join(lines))
+
+    _render_traceback_ = _render_traceback_
 
 
 class ClusterBroken(RuntimeError):
     """A cluster's rank is stuck inside C++ or dead, so it cannot run cells until restarted."""
+
+    _render_traceback_ = _render_traceback_
 
 
 def looks_like_consequence(type_name: str, message: str) -> bool:

@@ -63,12 +63,24 @@ def ranks(line: str, cell: str):
     if warning:
         print(warning, file=sys.stderr)
     try:
-        result = cl.exec(cell, ranks=targets, timeout=timeout, stream=stream, fold=fold)
+        result = cl.exec(
+            cell, ranks=targets, timeout=timeout, stream=stream, fold=fold, _name=_cell_name()
+        )
     except (RankError, RankTimeout, ClusterBroken) as e:
         raise e.with_traceback(None) from None  # the message says it all; skip distlab's frames
     if not result.items() or cell.rstrip().endswith(";"):  # a trailing ; hides Out, as in IPython
         return None
     return result
+
+
+def _cell_name() -> str | None:
+    """``Cell In[5]`` for the cell running now, so tracebacks on the ranks read as IPython's."""
+    try:
+        from IPython import get_ipython
+
+        return f"Cell In[{get_ipython().execution_count}]"
+    except Exception:  # not in IPython (called directly): the cluster's own numbering
+        return None
 
 
 def load_ipython_extension(ipython) -> None:

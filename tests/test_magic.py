@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 import time
 
@@ -98,6 +99,23 @@ def test_errors_raise_in_the_kernel_with_the_cells_line_and_the_cluster_stays_us
     assert res.error is None and res.results == ["[ranks 0-2] 5"]
 
 
+def test_errors_show_cell_names_and_no_distlab_frames(nb):
+    code = cell("if dist.get_rank() == 1:\n    raise ValueError('bad batch')")
+    res = nb.run(code)
+    assert res.ename == "RankError", res.text
+    # the rank's traceback names the %%ranks cell as IPython names cells
+    assert re.search(r"Cell In\[\d+\], line 2", res.text), res.text
+    # no distlab frame (magic.py, cluster.py, _group.py) in the kernel's traceback
+    assert not re.search(r"distlab[/\\]\w+\.py", res.text), res.text
+    # a plain cell's function, launched: its frame is "Cell In[N]", not the kernel's temp file
+    nb.run("def boom():\n    raise KeyError('no such shard')")
+    res = nb.run("distlab.launch(boom, world_size=2)")
+    assert res.ename == "RankError"
+    assert re.search(r"Cell In\[\d+\], line 2, in boom", res.text), res.text
+    assert "ipykernel_" not in res.text and "launcher.py" not in res.text, res.text
+    assert "distlab.launch(boom, world_size=2)" in res.text  # the notebook's own line stays
+
+
 def test_stop_button_interrupts_a_cell_without_killing_the_cluster(nb):
     nb.run(cell("keep = dist.get_rank()"))
     start = time.monotonic()
@@ -154,3 +172,4 @@ def test_ranks_die_when_the_kernel_restarts(tmp_path):
         assert not alive
     finally:
         k.shutdown()
+

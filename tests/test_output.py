@@ -52,3 +52,39 @@ def test_fold_keeps_blank_lines_and_ranks_that_printed_nothing():
     )
     # one rank alone is never relabelled
     assert _output.render({1: "x\n", 0: ""}, fold=True) == "[rank 1] x\n"
+
+
+def test_environment_paths_are_shortened_in_rank_output():
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
+    stdlib = sysconfig.get_paths()["stdlib"]
+    text = (
+        f"{site}/torch/distributed/c10d_logger.py:83: UserWarning: careful\n"
+        f'  File "{stdlib}/threading.py", line 320, in wait\n'
+        '  File "/home/me/project/train.py", line 3, in main\n'
+    )
+    assert _output.prefix(0, text) == (
+        "[rank 0] <site-packages>/torch/distributed/c10d_logger.py:83: UserWarning: careful\n"
+        '[rank 0]   File "<stdlib>/threading.py", line 320, in wait\n'
+        '[rank 0]   File "/home/me/project/train.py", line 3, in main\n'
+    )
+
+
+def test_torchs_own_rank_prefix_goes_so_the_same_warning_folds():
+    outputs = {r: f"[rank{r}]:W1121 c10d warning\nmine {r}\n" for r in range(2)}
+    assert _output.render(outputs, fold=True) == (
+        "[ranks 0,1] W1121 c10d warning\n[rank 0] mine 0\n[rank 1] mine 1\n"
+    )
+    # another rank's prefix is not this rank's to drop
+    assert _output.prefix(0, "[rank1]:x\n") == "[rank 0] [rank1]:x\n"
+
+
+def test_cpp_log_lines_lose_their_time_so_the_same_warning_folds():
+    outputs = {
+        0: "[W1121 14:05:01.123456789 ProcessGroupGloo.cpp:123] Warning: slow\n",
+        1: "[W1121 14:05:01.987654321 12345 ProcessGroupGloo.cpp:123] Warning: slow\n",
+    }
+    assert _output.render(outputs, fold=True) == (
+        "[ranks 0,1] [W ProcessGroupGloo.cpp:123] Warning: slow\n"
+    )
