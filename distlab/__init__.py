@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from . import timeline
 from ._ship import ShipError
 from .cluster import Cluster
 from .errors import ClusterBroken, RankError, RankFailure, RankTimeout
@@ -26,6 +27,7 @@ __all__ = [
     "RankTimeout",
     "ShipError",
     "launch",
+    "timeline",
     "load_ipython_extension",
     "versions",
     "__version__",
