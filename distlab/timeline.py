@@ -608,10 +608,8 @@ class Timeline:
         header = f"Timeline: {self.world_size} rank{'s' if self.world_size > 1 else ''}, {device}"
         blocks: list[tuple[list[int], list[str]]] = []
         for r in range(self.world_size):
-            body = [
-                "  " + (" > ".join(_runs(self.names(r))) or "(no labels)"),
-                "  comm: " + (", ".join(_counts(self.transports(r))) or "none"),
-            ]
+            body = _wrap(_runs(self.names(r)) or ["(no labels)"], " > ")
+            body += _wrap(_counts(self.transports(r)) or ["none"], ", ", first="comm: ")
             if blocks and blocks[-1][1] == body:
                 blocks[-1][0].append(r)
             else:
@@ -972,6 +970,20 @@ def _runs(names: list[str]) -> list[str]:
         else:
             out.append([n, 1])
     return [n if k == 1 else f"{n} x{k}" for n, k in out]
+
+
+def _wrap(items: list[str], sep: str, first: str = "", width: int = 96) -> list[str]:
+    """``items`` joined by ``sep`` (" > " or ", ") on lines of at most ``width`` characters."""
+    lines = ["  " + first + items[0]]
+    for item in items[1:]:
+        if len(lines[-1]) + len(sep) + len(item) <= width:
+            lines[-1] += sep + item
+        elif sep.strip() == ",":
+            lines[-1] += ","
+            lines.append("    " + item)
+        else:
+            lines.append("    " + sep.lstrip() + item)
+    return lines
 
 
 def _counts(names: list[str]) -> list[str]:
