@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from . import timeline
+from . import memory, timeline
 from ._ship import ShipError
 from .cluster import Cluster
 from .errors import ClusterBroken, RankError, RankFailure, RankTimeout
@@ -27,6 +27,7 @@ __all__ = [
     "RankTimeout",
     "ShipError",
     "launch",
+    "memory",
     "timeline",
     "load_ipython_extension",
     "versions",
