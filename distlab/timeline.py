@@ -64,6 +64,10 @@ _COMM = re.compile(
 )
 # The transport-level events: the ones that last as long as the collective does.
 _TRANSPORT = re.compile(r"^(?:gloo|mpi|ucc|xccl):|^nccl(?:Dev)?Kernel", re.IGNORECASE)
+# A PyTorch op: "aten::mm", "fsdp::all_gather_copy_in", "torch::autograd::AccumulateGrad". Not
+# autograd's wrappers ("autograd::engine::evaluate_function: MmBackward0", "MmBackward0"), which
+# run hooks inside them, and so span the time a hook waits for a collective.
+_OP = re.compile(r"^\w+(?:::\w+)+$")
 _SYNC = "distlab:sync"
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -71,7 +75,24 @@ _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _COMPUTE_COLOUR = "#0072B2"
 _COMM_COLOUR = "#E69F00"
 _WAIT_COLOUR = "#D55E00"
-_LABEL_COLOURS = ["#56B4E9", "#009E73", "#F0E442", "#CC79A7", "#999999", "#E69F00", "#0072B2"]
+# Labels: the Okabe-Ito colours left once compute (blue) and communication (orange) have theirs.
+# Beyond six, matplotlib's tab20 colours that do not look like those three.
+_LABEL_COLOURS = ["#56B4E9", "#009E73", "#F0E442", "#CC79A7", "#999999", "#BBBBBB"] + [
+    "#9467BD",
+    "#E377C2",
+    "#BCBD22",
+    "#17BECF",
+    "#8C564B",
+    "#98DF8A",
+    "#C5B0D5",
+    "#F7B6D2",
+    "#DBDB8D",
+    "#9EDAE5",
+    "#C49C94",
+    "#C7C7C7",
+]
+_AXES_INCHES = 8.8  # width of the plot area in inches
+_CHAR_INCHES = 0.06  # width of a character at 7 pt, roughly
 _BACKGROUND = "#F5F5F5"
 _INK = "#222222"
 _DPI = 150
@@ -698,33 +719,38 @@ class Timeline:
 
         device = self._device(device)
         n = self.world_size
-        fig = Figure(figsize=(10, 0.9 + 1.0 * n), facecolor=_BACKGROUND)
-        ax = fig.add_axes((0.1, 0.9 / (0.9 + n) * 0.75, 0.88, n / (0.9 + n)))
+        bases = []  # the kinds of labels, in order of first appearance: one colour each
+        for r in range(n):
+            for e in self._events[r]:
+                if e.kind == "label" and e.thread == "main" and e.depth == 0:
+                    if _base(e.name) not in bases:
+                        bases.append(_base(e.name))
+        label_colours = {b: _LABEL_COLOURS[i % len(_LABEL_COLOURS)] for i, b in enumerate(bases)}
+        key_rows = -(-len(bases) // 3)  # the colour key below the plot, three per row
+        height = 1.0 + 1.0 * n + 0.2 * key_rows
+        fig = Figure(figsize=(10, height), facecolor=_BACKGROUND)
+        ax = fig.add_axes((0.1, (0.6 + 0.2 * key_rows) / height, 0.88, n / height))
         ax.set_facecolor(_BACKGROUND)
         scale = 1e3  # seconds -> ms
-        label_colours: dict[str, str] = {}
         yticks, ylabels = [], []
         for r in range(n):
             top = (n - 1 - r) * 1.0
             rows = {"label": top + 0.68, "compute": top + 0.38, "comm": top + 0.08}
             for e in self._events[r]:
-                if e.kind == "label" and e.thread == "main" and e.depth == 0 and e.name != _SYNC:
-                    base = re.sub(r"\s*\(\d+\)$", "", e.name)
-                    colour = label_colours.setdefault(
-                        base, _LABEL_COLOURS[len(label_colours) % len(_LABEL_COLOURS)]
-                    )
+                if e.kind == "label" and e.thread == "main" and e.depth == 0:
                     ax.broken_barh(
                         [(e.start * scale, e.duration * scale)],
                         (rows["label"], 0.24),
-                        facecolors=colour,
+                        facecolors=label_colours[_base(e.name)],
                         edgecolor=_INK,
                         linewidth=0.4,
                     )
-                    if e.duration > 0.09 * self._end:
+                    text = _shown(e.name, e.duration, self._end)
+                    if text:
                         ax.text(
                             (e.start + e.duration / 2) * scale,
                             rows["label"] + 0.12,
-                            e.name,
+                            text,
                             ha="center",
                             va="center",
                             fontsize=7,
@@ -750,11 +776,12 @@ class Timeline:
                 linewidth=0.4,
             )
             for e in transport:
-                if e.duration > 0.09 * self._end:
+                text = _shown(e.issued_by or e.name, e.duration, self._end)
+                if text:
                     ax.text(
                         (e.start + e.duration / 2) * scale,
                         rows["comm"] + 0.12,
-                        e.issued_by or e.name,
+                        text,
                         ha="center",
                         va="center",
                         fontsize=7,
@@ -799,6 +826,17 @@ class Timeline:
             fontsize=8,
             frameon=False,
         )
+        if bases:
+            fig.legend(
+                handles=[Patch(facecolor=label_colours[b], edgecolor=_INK, label=b) for b in bases],
+                loc="lower center",
+                bbox_to_anchor=(0.5, 0.02),
+                ncol=3,
+                fontsize=7,
+                frameon=False,
+                title="labels (record_function)",
+                title_fontsize=7,
+            )
         return fig
 
     def png(self) -> bytes:
@@ -824,6 +862,24 @@ class Timeline:
 # ----------------------------------------------------------------------------------------------
 # Building events from the raw traces
 # ----------------------------------------------------------------------------------------------
+
+
+def _base(name: str) -> str:
+    """A label without its module or layer: "FSDP::pre_forward (1)" -> "FSDP::pre_forward"."""
+    return re.sub(r"\s*(?:\(\d+\)|for \S+)$", "", name)
+
+
+def _shown(text: str, duration: float, total: float) -> str | None:
+    """The text to write on a bar: ``text``, else without its "FSDP::"-like prefix, else None."""
+    for candidate in (text, re.sub(r"^\w+::", "", text)):
+        if _fits(candidate, duration, total):
+            return candidate
+    return None
+
+
+def _fits(text: str, duration: float, total: float) -> bool:
+    """Whether ``text`` at 7 pt fits inside a bar of ``duration`` on an axis ``total`` long."""
+    return total > 0 and len(text) * _CHAR_INCHES * total / _AXES_INCHES < 0.95 * duration
 
 
 def _tid(tid):
@@ -888,6 +944,8 @@ def _build(traces: list[dict]) -> tuple[list[list[Event]], float]:
                 if _COMM.search(name):
                     kind = "comm"
                 elif cat == "cpu_op":
+                    if not _OP.match(name):
+                        continue  # autograd's wrappers (they also span the hooks' waits)
                     kind = "op"
                 elif cat == "user_annotation":
                     kind = "label"
