@@ -163,7 +163,7 @@ class _Recording:
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         cuda = self._cuda
         if cuda is None:
-            cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+            cuda = torch.cuda.is_available() and (torch.cuda.is_initialized() or _uses_nccl())
         self._cuda = cuda
         # The Kineto profiler that torch.profiler.profile wraps, with the same options and the
         # same trace. The wrapper's first start also imports the compiler (torch._inductor, to
@@ -217,7 +217,7 @@ def recording(*, sync: bool = True, cuda: bool | None = None) -> _Recording:
             ``sync=False`` when only some ranks record (their lanes then start when each one
             entered the block, and waits between ranks are not meaningful).
         cuda: also record GPU activity (``ProfilerActivity.CUDA``). Default: when this rank has
-            already used CUDA.
+            already used CUDA, or its process group has an NCCL backend.
 
     Returns:
         A context manager. After the block, its ``.trace`` holds this rank's trace (a dict), and
@@ -232,6 +232,14 @@ def recording(*, sync: bool = True, cuda: bool | None = None) -> _Recording:
     if not isinstance(sync, bool):
         raise TypeError(f"sync must be True or False, got {sync!r}")
     return _Recording(sync, cuda)
+
+
+def _uses_nccl() -> bool:
+    import torch.distributed as dist
+
+    return (
+        dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()).lower()
+    )
 
 
 def _meet() -> None:
@@ -330,8 +338,8 @@ def record(
             cluster's own world size.
         timeout: seconds before the run is declared hung (as for `distlab.launch`).
         sync: meet in a small all_reduce first, so that lanes start together (see `recording`).
-        cuda: also record GPU activity; default: on ranks that use CUDA by the end of ``fn``'s
-            set-up (pass True when ``fn`` moves things to the GPU itself).
+        cuda: also record GPU activity; default: on ranks that have used CUDA already or have
+            an NCCL process group (pass True when ``fn`` is the first to touch the GPU).
         backend, threads: as for `distlab.launch` (new ranks only).
 
     Returns:

@@ -244,6 +244,21 @@ def test_compute_comm_overlap_idle_and_wait_from_a_known_trace():
     )
 
 
+def test_autograd_wrappers_are_not_compute_they_span_the_hooks_waits():
+    # A backward node's wrapper spans an FSDP-style hook that waits 200-400 for a collective.
+    main = [
+        ("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", 100, 500),
+        ("AddmmBackward0", "cpu_op", 100, 500),
+        ("aten::mm", "cpu_op", 110, 190),
+        ("c10d::_reduce_scatter_base_", "cpu_op", 195, 200),
+    ]
+    gloo = [("gloo:all_reduce", "user_annotation", 200, 400)]
+    tl = timeline.Timeline([_trace(0, main=main, gloo=gloo), _trace(1, main=main, gloo=gloo)])
+    assert [e.name for e in tl.events(0, "op")] == ["aten::mm"]
+    assert tl.compute(0) == pytest.approx(80e-6)
+    assert tl.overlap(0) == 0.0
+
+
 def test_text_folds_only_ranks_that_did_the_same():
     a = _trace(0, main=[("fwd", "user_annotation", 100, 200), ("fwd", "user_annotation", 200, 300)])
     b = _trace(1, main=[("bwd", "user_annotation", 100, 200)])
