@@ -349,9 +349,10 @@ def record(
         TypeError: ``fn`` is not callable, or an argument cannot be pickled (as for launch).
         ValueError: ``world_size`` does not match the cluster's, or is not a valid world size;
             ``backend``/``threads`` given with a cluster (a cluster's ranks are already set up).
-        RuntimeError: the cluster has been shut down (start a new one), or a profiler is already
-            running on the ranks (see `recording`).
-        distlab.RankError / distlab.RankTimeout: ``fn`` raised or hung on a rank, as for launch.
+        RuntimeError: the cluster has been shut down (start a new one).
+        distlab.RankError / distlab.RankTimeout: ``fn`` raised or hung on a rank, as for launch;
+            or a profiler was already running on a rank (the RankError shows `recording`'s
+            RuntimeError: leave your own ``torch.profiler.profile`` block first).
     """
     from . import _config
     from .launcher import launch
