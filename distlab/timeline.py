@@ -224,6 +224,7 @@ def recording(*, sync: bool = True, cuda: bool | None = None) -> _Recording:
         `collect` fetches it from every rank.
 
     Raises:
+        TypeError: ``sync`` is not True or False.
         RuntimeError: a recording is already running on this rank (they do not nest), or your
             own ``torch.profiler.profile`` is running (only one profiler at a time).
         Errors of the sync all_reduce (a rank that did not enter the block makes it time out:
@@ -391,6 +392,9 @@ def record(
 
 def collect(cluster=None) -> Timeline:
     """Fetch from every rank of ``cluster`` the trace of its last `recording` block.
+
+    Each rank keeps its own last recording: after a ``sync=False`` recording on some ranks only,
+    the others still hand back an older one.
 
     Args:
         cluster: a live `distlab.Cluster`; default: the current one (the most recent).
