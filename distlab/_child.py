@@ -236,6 +236,9 @@ class _Rank:
             torch.set_num_interop_threads(threads)
         except RuntimeError:
             pass  # already set (the pool starts on first use); harmless
+        # torch reads TORCH_DISTRIBUTED_DEBUG once, when torch.distributed is imported: in the
+        # zygote, before this rank's env= arrived. Read it again, so env= works as under torchrun.
+        dist.set_debug_level_from_env()
         backend = self.spec["backend"]
         if backend is None:
             return

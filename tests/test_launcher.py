@@ -169,6 +169,20 @@ def test_a_finished_rank_leaves_its_gloo_sockets_for_exit_to_close(tmp_path):
     assert out.stdout.strip() == "ok", out.stderr
 
 
+def _debug_level():
+    import torch.distributed as dist
+
+    return str(dist.get_debug_level())
+
+
+def test_torch_distributed_debug_from_env_reaches_the_ranks():
+    # torch reads the variable when torch.distributed is imported, which happens in the helper
+    # before a rank's env= arrives; the rank must read it again, as a torchrun process would.
+    got = distlab.launch(_debug_level, world_size=2, env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
+    assert got == ["DebugLevel.INFO"] * 2
+    assert distlab.launch(_debug_level, world_size=2) == ["DebugLevel.OFF"] * 2
+
+
 def test_backend_none_leaves_initialization_to_the_learner():
     assert distlab.launch(_no_group, world_size=2, backend=None) == [(False, 2.0)] * 2
 
