@@ -23,7 +23,6 @@ run to run, so the text form never shows it.
 
 from __future__ import annotations
 
-import io
 import resource
 import sys
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ __all__ = ["Comparison", "Table", "Usage", "compare", "measure"]
 _COLOURS = {"params": "#0072B2", "grads": "#E69F00", "optimizer": "#009E73"}
 _BACKGROUND = "#F5F5F5"
 _INK = "#222222"
-_DPI = 150
 _PARTS = ("params", "grads", "optimizer")
 
 
@@ -301,8 +299,9 @@ class Table:
         return self._png
 
     def _repr_png_(self):
-        data = self.png()
-        return data, {"width": round(int.from_bytes(data[16:20], "big") * 100 / _DPI)}
+        from .pictures import png_repr
+
+        return png_repr(self.png())
 
 
 class Comparison:
@@ -401,8 +400,9 @@ class Comparison:
         return self._png
 
     def _repr_png_(self):
-        data = self.png()
-        return data, {"width": round(int.from_bytes(data[16:20], "big") * 100 / _DPI)}
+        from .pictures import png_repr
+
+        return png_repr(self.png())
 
 
 def compare(*tables: Table) -> Comparison:
@@ -428,9 +428,6 @@ def _unit(largest: float) -> tuple[str, float]:
 
 
 def _png(fig) -> bytes:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from .pictures import png_bytes
 
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI, facecolor=_BACKGROUND, metadata={"Software": None})
-    return buf.getvalue()
+    return png_bytes(fig)

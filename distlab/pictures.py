@@ -313,22 +313,30 @@ class Picture:
     def png(self) -> bytes:
         """The picture as PNG bytes (the same bytes for the same picture and matplotlib)."""
         if self._png is None:
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-            fig = self.figure()
-            FigureCanvasAgg(fig)
-            buf = io.BytesIO()
-            # No "Software" entry: the bytes then depend only on what is drawn.
-            fig.savefig(
-                buf, format="png", dpi=_DPI, facecolor=_BACKGROUND, metadata={"Software": None}
-            )
-            self._png = buf.getvalue()
+            self._png = png_bytes(self.figure())
         return self._png
 
     def _repr_png_(self):
-        data = self.png()
-        width = int.from_bytes(data[16:20], "big")  # in pixels, from the PNG header
-        return data, {"width": round(width * 100 / _DPI)}
+        return png_repr(self.png())
+
+
+def png_bytes(fig) -> bytes:
+    """A figure as PNG bytes, the way every distlab picture is saved (timeline and memory
+    charts too): same resolution and background, and no "Software" entry, so the bytes depend
+    only on what is drawn."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI, facecolor=_BACKGROUND, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def png_repr(data: bytes):
+    """What ``_repr_png_`` returns for PNG ``data`` made by `png_bytes`: shown at 100 pixels
+    per inch, so it stays sharp on HiDPI screens."""
+    width = int.from_bytes(data[16:20], "big")  # in pixels, from the PNG header
+    return data, {"width": round(width * 100 / _DPI)}
 
 
 def collective(

@@ -44,7 +44,6 @@ and never a time, so a notebook can compare it strictly; ranks that did the same
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -95,7 +94,6 @@ _AXES_INCHES = 8.8  # width of the plot area in inches
 _CHAR_INCHES = 0.06  # width of a character at 7 pt, roughly
 _BACKGROUND = "#F5F5F5"
 _INK = "#222222"
-_DPI = 150
 
 
 @dataclass(frozen=True)
@@ -855,21 +853,15 @@ class Timeline:
     def png(self) -> bytes:
         """The picture as PNG bytes."""
         if self._png is None:
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from .pictures import png_bytes
 
-            fig = self.figure()
-            FigureCanvasAgg(fig)
-            buf = io.BytesIO()
-            fig.savefig(
-                buf, format="png", dpi=_DPI, facecolor=_BACKGROUND, metadata={"Software": None}
-            )
-            self._png = buf.getvalue()
+            self._png = png_bytes(self.figure())
         return self._png
 
     def _repr_png_(self):
-        data = self.png()
-        width = int.from_bytes(data[16:20], "big")
-        return data, {"width": round(width * 100 / _DPI)}
+        from .pictures import png_repr
+
+        return png_repr(self.png())
 
 
 # ----------------------------------------------------------------------------------------------
