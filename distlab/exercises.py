@@ -30,7 +30,8 @@ def check(label: str, test: Callable[..., object], *args, **kwargs) -> bool:
         label: what to call the exercise in the verdict, e.g. ``"Exercise 2"``.
         test: a function that raises ``AssertionError`` (with a message saying what is wrong)
             when the answer is wrong, and returns when it is right. It calls the learner's code,
-            so a skeleton's ``raise NotImplementedError`` reaches it.
+            so a skeleton's ``raise NotImplementedError`` reaches it, also from the ranks (a
+            `distlab.RankError` whose root cause is that error reads as "not attempted yet").
         args, kwargs: passed to ``test``.
 
     Returns:
@@ -43,10 +44,15 @@ def check(label: str, test: Callable[..., object], *args, **kwargs) -> bool:
     """
     if not callable(test):
         raise TypeError(f"check() needs a test function to call, got {test!r}")
+    from .errors import RankError
+
     try:
         test(*args, **kwargs)
-    except NotImplementedError as e:
-        why = f" ({e})" if str(e) else ""
+    except (NotImplementedError, RankError) as e:
+        if isinstance(e, RankError) and not _not_written_on_ranks(e):
+            raise  # a real error on a rank: its report says where
+        message = e.primary.message if isinstance(e, RankError) else str(e)
+        why = f" ({message})" if message else ""
         print(
             f"{label}: {NOT_ATTEMPTED}{why}. Replace the `raise NotImplementedError` above with "
             "your answer and run the cell again."
@@ -57,6 +63,13 @@ def check(label: str, test: Callable[..., object], *args, **kwargs) -> bool:
         return False
     print(f"{label}: {PASSED}")
     return True
+
+
+def _not_written_on_ranks(error) -> bool:
+    """A `RankError` whose root causes are all a skeleton's NotImplementedError (the test ran the
+    learner's unwritten answer on the ranks, through `distlab.launch` or `Cluster.run`)."""
+    roots = [f for f in error.failures if not f.consequence]
+    return bool(roots) and all(f.type == "NotImplementedError" for f in roots)
 
 
 __all__ = ["NOT_ATTEMPTED", "PASSED", "check"]

@@ -59,3 +59,20 @@ def test_check_is_exported_and_works_on_every_rank(capsys):
         f"[ranks 0,2] Exercise 4: {PASSED}\n"
         "[rank 1] Exercise 4: ✗ not yet: rank 1 is wrong on purpose\n"
     )
+
+
+def test_a_skeleton_run_on_the_ranks_is_not_attempted_yet_and_a_real_rank_error_is_raised(capsys):
+    def skeleton():
+        raise NotImplementedError("your code here")
+
+    def buggy():
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1:
+            raise ZeroDivisionError("a real bug")
+
+    assert check("Exercise 5", lambda: distlab.launch(skeleton, world_size=2)) is False
+    out = capsys.readouterr().out
+    assert f"Exercise 5: {NOT_ATTEMPTED} (your code here)." in out
+    with pytest.raises(distlab.RankError, match="ZeroDivisionError"):
+        check("Exercise 5", lambda: distlab.launch(buggy, world_size=2))
