@@ -27,6 +27,8 @@ import resource
 import sys
 from dataclasses import dataclass
 
+from . import _output
+
 __all__ = ["Comparison", "Table", "Usage", "compare", "measure"]
 
 _COLOURS = {"params": "#0072B2", "grads": "#E69F00", "optimizer": "#009E73"}
@@ -324,7 +326,7 @@ class Comparison:
                 else:
                     rows.append(([r], key))
             for ranks, (p, g, o) in rows:
-                who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+                who = _output.tag(ranks)[1:-1]  # "rank 2", "ranks 0,1", "ranks 0-3"
                 if t.psi is not None:
                     psi = t.psi
                     parts = (

@@ -52,6 +52,8 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 
+from . import _output
+
 __all__ = ["Event", "Timeline", "collect", "record", "recording"]
 
 # Names of communication, as the profiler records them: the call (c10d::allreduce_, the
@@ -648,7 +650,7 @@ class Timeline:
                 blocks.append(([r], body))
         lines = [header]
         for ranks, body in blocks:
-            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+            who = _output.tag(ranks)[1:-1]  # "rank 2", "ranks 0,1", "ranks 0-3", as folded output
             lines.append(who + ":")
             lines.extend(body)
         return "\n".join(lines)

@@ -72,7 +72,7 @@ def test_known_program_shows_its_labels_and_collective_in_order():
         assert [e.name for e in tl.events(r, "op")][:1] == ["aten::ones"]
     assert tl.count("distlab:sync") == [0, 0]  # the ranks' meeting is left out
     assert repr(tl) == (
-        "Timeline: 2 ranks, CPU\nranks 0-1:\n  forward > sync grads\n  comm: gloo:all_reduce x1"
+        "Timeline: 2 ranks, CPU\nranks 0,1:\n  forward > sync grads\n  comm: gloo:all_reduce x1"
     )
 
 
@@ -240,7 +240,7 @@ def test_compute_comm_overlap_idle_and_wait_from_a_known_trace():
     assert tl.find(0, "gloo:all_reduce")[0].issued_by is None  # no label around the call
     assert (
         repr(tl)
-        == "Timeline: 2 ranks, CPU\nranks 0-1:\n  c10d::allreduce_\n  comm: gloo:all_reduce x1"
+        == "Timeline: 2 ranks, CPU\nranks 0,1:\n  c10d::allreduce_\n  comm: gloo:all_reduce x1"
     )
 
 
