@@ -179,7 +179,40 @@ def _cuda_peak() -> int | None:
     return None
 
 
-class Table:
+class _Chart:
+    """What `Table` and `Comparison` share: a cached PNG of ``figure()``, shown in notebooks."""
+
+    _png: bytes | None = None
+
+    def png(self) -> bytes:
+        """The bar chart as PNG bytes."""
+        if self._png is None:
+            from .pictures import png_bytes
+
+            self._png = png_bytes(self.figure())
+        return self._png
+
+    def _repr_png_(self):
+        from .pictures import png_repr
+
+        return png_repr(self.png())
+
+
+def _legend(ax) -> None:
+    """The key of the three parts (params, grads, optimizer), above the bars."""
+    from matplotlib.patches import Patch
+
+    ax.legend(
+        handles=[Patch(facecolor=_COLOURS[p], edgecolor=_INK, label=p) for p in _PARTS],
+        loc="lower center",
+        bbox_to_anchor=(0.5, 1.0),
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
+
+
+class Table(_Chart):
     """The `Usage` of every rank, side by side: a bar chart in Jupyter, exact bytes in text.
 
     Args:
@@ -261,7 +294,6 @@ class Table:
     def figure(self):
         """A matplotlib ``Figure``: one group of bars per rank (params, grads, optimizer)."""
         from matplotlib.figure import Figure
-        from matplotlib.patches import Patch
 
         n = len(self.usages)
         unit, scale = _unit(max(max(getattr(u, p) for p in _PARTS) for u in self.usages))
@@ -284,29 +316,12 @@ class Table:
         ax.set_ylabel(unit, fontsize=9)
         ax.tick_params(axis="y", labelsize=8)
         ax.set_title(self.title or "memory per rank", fontsize=11, color=_INK, pad=22)
-        ax.legend(
-            handles=[Patch(facecolor=_COLOURS[p], edgecolor=_INK, label=p) for p in _PARTS],
-            loc="lower center",
-            bbox_to_anchor=(0.5, 1.0),
-            ncol=3,
-            fontsize=8,
-            frameon=False,
-        )
+        _legend(ax)
         return fig
 
-    def png(self) -> bytes:
-        """The bar chart as PNG bytes."""
-        if self._png is None:
-            self._png = _png(self.figure())
-        return self._png
-
-    def _repr_png_(self):
-        from .pictures import png_repr
-
-        return png_repr(self.png())
 
 
-class Comparison:
+class Comparison(_Chart):
     """Several `Table`\\ s side by side (build with `compare`): one group per table, a stacked
     bar (params, grads, optimizer) per rank. Text: one line per table and rank group."""
 
@@ -346,7 +361,6 @@ class Comparison:
     def figure(self):
         """A matplotlib ``Figure``: per table, one stacked bar per rank."""
         from matplotlib.figure import Figure
-        from matplotlib.patches import Patch
 
         top = max(u.total for t in self.tables for u in t.usages)
         unit, scale = _unit(top)
@@ -386,25 +400,9 @@ class Comparison:
         ax.tick_params(axis="x", length=0, pad=12)
         ax.set_ylabel(f"{unit} per rank", fontsize=9)
         ax.tick_params(axis="y", labelsize=8)
-        ax.legend(
-            handles=[Patch(facecolor=_COLOURS[p], edgecolor=_INK, label=p) for p in _PARTS],
-            loc="lower center",
-            bbox_to_anchor=(0.5, 1.0),
-            ncol=3,
-            fontsize=8,
-            frameon=False,
-        )
+        _legend(ax)
         return fig
 
-    def png(self) -> bytes:
-        if self._png is None:
-            self._png = _png(self.figure())
-        return self._png
-
-    def _repr_png_(self):
-        from .pictures import png_repr
-
-        return png_repr(self.png())
 
 
 def compare(*tables: Table) -> Comparison:
@@ -427,9 +425,3 @@ def _unit(largest: float) -> tuple[str, float]:
         if largest >= scale:
             return unit, float(scale)
     return "bytes", 1.0
-
-
-def _png(fig) -> bytes:
-    from .pictures import png_bytes
-
-    return png_bytes(fig)

@@ -758,18 +758,7 @@ class Timeline:
                         edgecolor=_INK,
                         linewidth=0.4,
                     )
-                    text = _shown(e.name, e.duration, self._end)
-                    if text:
-                        ax.text(
-                            (e.start + e.duration / 2) * scale,
-                            rows["label"] + 0.12,
-                            text,
-                            ha="center",
-                            va="center",
-                            fontsize=7,
-                            color=_INK,
-                            clip_on=True,
-                        )
+                    self._bar_text(ax, e, e.name, rows["label"], scale)
             compute = self._compute(r, device)
             ax.broken_barh(
                 [(a * scale, (b - a) * scale) for a, b in compute],
@@ -789,19 +778,14 @@ class Timeline:
                 linewidth=0.4,
             )
             for e in transport:
-                text = _shown(e.issued_by or e.name, e.duration, self._end)
-                if text:
-                    ax.text(
-                        (e.start + e.duration / 2) * scale,
-                        rows["comm"] + 0.12,
-                        text,
-                        ha="center",
-                        va="center",
-                        fontsize=7,
-                        color=_INK,
-                        clip_on=True,
-                        bbox={"facecolor": _COMM_COLOUR, "edgecolor": "none", "pad": 0.5},
-                    )
+                self._bar_text(
+                    ax,
+                    e,
+                    e.issued_by or e.name,
+                    rows["comm"],
+                    scale,
+                    bbox={"facecolor": _COMM_COLOUR, "edgecolor": "none", "pad": 0.5},
+                )
             if device == "cpu":
                 for e, w in zip(transport, self._waits(r), strict=True):
                     if w:
@@ -851,6 +835,22 @@ class Timeline:
                 title_fontsize=7,
             )
         return fig
+
+    def _bar_text(self, ax, e: Event, name: str, row: float, scale: float, **style) -> None:
+        """``name`` centred on the bar of event ``e`` in lane ``row``, if it fits the bar."""
+        text = _shown(name, e.duration, self._end)
+        if text:
+            ax.text(
+                (e.start + e.duration / 2) * scale,
+                row + 0.12,
+                text,
+                ha="center",
+                va="center",
+                fontsize=7,
+                color=_INK,
+                clip_on=True,
+                **style,
+            )
 
     def png(self) -> bytes:
         """The picture as PNG bytes."""
