@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import distlab  # noqa: E402
-from distlab import _zygote  # noqa: E402
+from distlab._ranks import forkserver  # noqa: E402
 
 
 def trivial():
@@ -63,7 +63,7 @@ def main() -> None:
     rows = {"pipe (floor)": pipe_round_trip(rep)}
     # The helper imports DDP's modules and moves onto huge pages while idle, for a few seconds of
     # CPU; measuring during that would measure the competition for the two cores.
-    assert _zygote.get().wait_settled(), "distlab's helper did not finish warming up"
+    assert forkserver.get().wait_settled(), "distlab's helper did not finish warming up"
     from IPython.core.interactiveshell import InteractiveShell
 
     ip = InteractiveShell.instance()

@@ -3,12 +3,13 @@
 Compares, in one run, for world sizes 2, 4, 8:
 
 * distlab cold  -- the first launch in a fresh Python process that has just run
-                   ``import distlab, torch`` (what a notebook's first cell does); the zygote warms
-                   up in the background during ``import torch``.
+                   ``import distlab, torch`` (what a notebook's first cell does); the fork
+                   server warms up in the background during ``import torch``.
 * distlab cold+import -- the same fresh process, timed from before ``import distlab, torch``.
-* distlab warm  -- later launches in the same process, once the zygote has finished its idle-time
-                   warm-up (late imports, huge pages: a few seconds after the first launch, as
-                   between a learner's cells). ``--no-settle`` measures straight away instead.
+* distlab warm  -- later launches in the same process, once the fork server has finished its
+                   idle-time warm-up (late imports, huge pages: a few seconds after the first
+                   launch, as between a learner's cells). ``--no-settle`` measures straight
+                   away instead.
 * mp fork / mp spawn -- ``torch.multiprocessing.start_processes`` of a function defined in this
                    script (a script, not a notebook: spawn cannot run notebook functions at all),
                    with the same FileStore rendezvous, all_reduce and a queue for the results.
@@ -34,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import distlab  # noqa: E402
-from distlab import _zygote  # noqa: E402
+from distlab._ranks import forkserver  # noqa: E402
 
 
 def work():
@@ -54,8 +55,8 @@ def _mp_worker(rank, world_size, path, queue):
 def mp_launch(world_size: int, method: str) -> list:
     ctx = mp.get_context(method)
     queue = ctx.SimpleQueue()
-    # Spawned workers import this script, hence distlab: keep them from starting zygotes of their
-    # own, which would import torch in the background and slow down whatever is measured next.
+    # Spawned workers import this script, hence distlab: keep them from starting fork servers of
+    # their own, which would import torch in the background and slow down whatever is measured next.
     os.environ["DISTLAB_NO_WARM"] = "1"
     with tempfile.TemporaryDirectory() as d:
         try:
@@ -115,7 +116,9 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=30)
     ap.add_argument("--cold", type=int, default=3)
     ap.add_argument("--spawn", type=int, default=2)
-    ap.add_argument("--no-settle", action="store_true", help="do not wait for the zygote's warm-up")
+    ap.add_argument(
+        "--no-settle", action="store_true", help="do not wait for the fork server's warm-up"
+    )
     args = ap.parse_args()
 
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, medians in seconds")
@@ -126,7 +129,7 @@ def main() -> None:
         assert distlab.launch(work, world_size=n) == expected
         assert mp_launch(n, "fork") == expected
         if not args.no_settle:
-            assert _zygote.get().wait_settled(), "the zygote did not finish warming up"
+            assert forkserver.get().wait_settled(), "the fork server did not finish warming up"
         warm = timed(lambda n=n: distlab.launch(work, world_size=n), args.warm)
         colds = [cold(n) for _ in range(args.cold)]
         fork = timed(lambda n=n: mp_launch(n, "fork"), args.warm)

@@ -25,7 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import distlab  # noqa: E402
-from distlab import _zygote, timeline  # noqa: E402
+from distlab import timeline  # noqa: E402
+from distlab._ranks import forkserver  # noqa: E402
 
 
 def setup(width: int = 256, depth: int = 4):
@@ -67,7 +68,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
-    _zygote.get().wait_settled()
+    forkserver.get().wait_settled()
 
     print(f"{args.steps} DDP steps per cell (4 x Linear(256, 256)); median of {args.repeat} cells")
     print(f"{'ranks':>6} {'plain':>10} {'profiled':>10} {'collected':>10} {'ratio':>7}")

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import os
 
-from . import memory, timeline
-from ._ship import ShipError
+from . import errors, memory, timeline
 from .cluster import Cluster
-from .errors import ClusterBroken, RankError, RankFailure, RankTimeout
+from .errors import *  # noqa: F403 -- every error a learner may catch, as distlab.RankError etc.
 from .exercises import check
 from .launcher import launch
 from .magic import load_ipython_extension
@@ -21,11 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Cluster",
     "check",
-    "ClusterBroken",
-    "RankError",
-    "RankFailure",
-    "RankTimeout",
-    "ShipError",
+    *errors.__all__,
     "launch",
     "memory",
     "timeline",
@@ -49,9 +44,10 @@ def _warm_start() -> None:
     if os.environ.get("DISTLAB_NO_WARM"):
         return
     try:
-        from . import _zygote
+        from ._ranks import forkserver, starter
 
-        _zygote.warm()
+        if starter.default_method() == "forkserver":
+            forkserver.warm()
     except Exception:  # never break `import distlab`; launch() reports problems properly
         pass
 

@@ -1,12 +1,39 @@
-"""Checking what the learner asked for, with errors that say how to fix it."""
+"""Checking what the learner asked for, with errors that say how to fix it; and the facts of this
+machine those checks and defaults depend on (cores, GPUs)."""
 
 from __future__ import annotations
 
 import numbers
+import os
 import sys
 
 BACKENDS = ("auto", "gloo", "nccl", "cpu:gloo,cuda:nccl", None)
-START_METHODS = ("forkserver", "spawn")
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity, where the OS says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def process_group_rank() -> tuple[int | None, int | None]:
+    """(rank, world size) of this process in the default process group; (None, None) when no
+    process group runs (or torch.distributed is not available)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    return None, None
+
+
+def default_threads(world_size: int) -> int:
+    """Threads per rank when none are asked for: the cores shared out, at least one each."""
+    return max(1, cpu_cores() // world_size)
 
 
 def check_world_size(world_size) -> int:
@@ -70,19 +97,21 @@ def resolve_backend(backend, world_size: int) -> str | None:
     return backend
 
 
-def default_start_method() -> str:
-    from . import _zygote
-
-    return "forkserver" if _zygote.supported() else "spawn"
-
-
 def check_start_method(method) -> str:
-    if method is None:
-        return default_start_method()
-    if method not in START_METHODS:
-        raise ValueError(f"start_method must be one of {START_METHODS}, got {method!r}.")
-    if method == "forkserver" and not sys.platform.startswith("linux"):
-        raise ValueError("start_method='forkserver' is available on Linux only; use 'spawn'.")
+    """``None`` -> the default (`distlab._ranks.starter.default_method`); else checked."""
+    from ._ranks import starter
+
     if sys.platform == "win32":
         raise OSError("distlab runs ranks on Linux and macOS. On Windows, use WSL2.")
+    where = ""
+    if method is None:
+        method = starter.default_method()
+        if os.environ.get(starter.ENV_VAR, "").strip():
+            where = f" (from ${starter.ENV_VAR})"
+    if method not in starter.METHODS:
+        raise ValueError(f"start_method must be one of {starter.METHODS}, got {method!r}{where}.")
+    if method == "forkserver" and not starter.forkserver_supported():
+        raise ValueError(
+            f"start_method='forkserver'{where} is available on Linux only; use 'spawn'."
+        )
     return method

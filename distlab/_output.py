@@ -35,6 +35,17 @@ def tag(ranks: list[int]) -> str:
     return f"[ranks {','.join(parts)}]"
 
 
+def group_alike(values: dict) -> list[tuple[list[int], object]]:
+    """``{rank: value}`` -> ``[(ranks, value), ...]``: ranks with equal values together, each
+    group where its lowest rank would be. Every per-rank view shows identical ranks once this
+    way (output blocks, timeline text, memory tables): ``{0: a, 1: b, 2: a}`` -> ``[([0, 2], a),
+    ([1], b)]``. Values must be hashable."""
+    groups: dict = {}
+    for r in sorted(values):
+        groups.setdefault(values[r], []).append(r)
+    return [(ranks, value) for value, ranks in groups.items()]
+
+
 def prefix(rank: int | list[int], text: str) -> str:
     """``text`` with every line prefixed ``[rank N]`` (or ``[ranks ...]`` for a list of ranks; an
     empty line gets the bare prefix), less what `tidy` drops. Both the blocks after a run and
@@ -94,12 +105,8 @@ def render(outputs: dict[int, str], fold: bool = False) -> str:
             break
         common += 1
     text = _tagged(everyone, blocks[everyone[0]][:common])
-    groups: dict[tuple[str, ...], list[int]] = {}
-    for r, lines in blocks.items():
-        rest = tuple(lines[common:])
-        if rest:
-            groups.setdefault(rest, []).append(r)
-    for rest, ranks in groups.items():  # dicts keep insertion order: by lowest rank
+    rests = {r: tuple(lines[common:]) for r, lines in blocks.items() if lines[common:]}
+    for ranks, rest in group_alike(rests):
         text += _tagged(ranks, rest)
     return text
 

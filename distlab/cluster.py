@@ -4,7 +4,8 @@
     cluster.run(fn)              # like distlab.launch, on the live ranks
     %%ranks                      # (after %load_ext distlab) run a cell on every rank
 
-Uses the same machinery as `distlab.launch` (`distlab._group.RankGroup`): same output, same errors.
+Uses the same machinery as `distlab.launch` (`distlab._ranks.group.RankGroup`): same output, same
+errors.
 The difference is what happens after a failure: the other ranks are interrupted, not killed, so the
 cluster stays usable after an ordinary Python error.
 """
@@ -16,8 +17,10 @@ import re
 import threading
 import weakref
 
-from . import _config, _output, _ship
-from ._group import RankGroup
+from . import _config, _output
+from ._ranks import ship
+from ._ranks.group import RankGroup
+from .errors import entry_point
 
 _current: weakref.ref | None = None
 _all: weakref.WeakSet = weakref.WeakSet()
@@ -87,6 +90,7 @@ class Cluster:
 
     _serial_counter = 0
 
+    @entry_point
     def __init__(
         self,
         world_size: int = 2,
@@ -101,7 +105,6 @@ class Cluster:
         self.fold = fold
         self.world_size = _config.check_world_size(world_size)
         self.timeout = _config.check_timeout(timeout)
-        self._backend_arg = backend
         self.backend = _config.resolve_backend(backend, self.world_size)
         self._start_method = _config.check_start_method(start_method)
         self._threads = threads
@@ -124,7 +127,7 @@ class Cluster:
             env=self._env,
         )
         try:  # initialize the process group now, so a failure shows up here
-            self._group.execute(_ship.dumps("call", _noop, (), {}), timeout=self.timeout)
+            self._group.execute(ship.dumps("call", _noop, (), {}), timeout=self.timeout)
         except BaseException:
             self._group.kill()
             self._group.close()
@@ -147,6 +150,7 @@ class Cluster:
             group.close()
         self._refresh()
 
+    @entry_point
     def restart(self) -> None:
         """Start fresh ranks (the old ones are killed): every rank's variables are lost."""
         group, self._group = self._group, None
@@ -212,6 +216,7 @@ class Cluster:
         finally:
             self._refresh()
 
+    @entry_point
     def run(
         self,
         fn,
@@ -230,8 +235,9 @@ class Cluster:
         ``fold`` overrides the cluster's setting for this call.
         """
         _config.check_callable(fn, "Cluster.run()")
-        return self._execute(_ship.dumps_call(fn, args, kwargs), ranks, timeout, stream, fold)
+        return self._execute(ship.dumps_call(fn, args, kwargs), ranks, timeout, stream, fold)
 
+    @entry_point
     def exec(
         self,
         source: str,
@@ -249,27 +255,29 @@ class Cluster:
         """
         self._cells += 1
         filename = _name or f"<ranks cell {self._cells}>"  # %%ranks: "Cell In[5]", as IPython
-        payload = _ship.dumps("exec", source, filename)
+        payload = ship.dumps("exec", source, filename)
         targets = self._ranks(ranks)
         fold = self.fold if fold is None else fold
         return PerRank(self._execute(payload, targets, timeout, stream, fold), targets, fold)
 
+    @entry_point
     def push(self, ranks=None, **values) -> None:
         """Set variables in every rank's namespace: ``cluster.push(lr=0.1, model=net)``."""
         if not values:
             raise TypeError("push() needs name=value pairs, e.g. cluster.push(lr=0.1)")
         try:
-            payload = _ship.dumps("push", values)
+            payload = ship.dumps("push", values)
         except Exception:
-            _ship.dumps_call(_noop, (), values)  # raises an error naming the culprit
+            ship.dumps_call(_noop, (), values)  # raises an error naming the culprit
             raise
         self._execute(payload, ranks, None, False)
 
+    @entry_point
     def pull(self, name: str, ranks=None) -> list:
         """Get variable ``name`` from every rank's namespace: one value per rank."""
         if not isinstance(name, str) or not name.isidentifier():
             raise TypeError(f"pull() needs a variable name as a string, got {name!r}")
-        return self._execute(_ship.dumps("pull", name), ranks, None, False)
+        return self._execute(ship.dumps("pull", name), ranks, None, False)
 
     # -- looking at it ----------------------------------------------------------------------------
 

@@ -5,7 +5,6 @@ Each line is ✓ (fine) or ✗ (with what to do). Exit status 0 when everything 
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 import time
@@ -64,10 +63,9 @@ def check_gloo() -> Check:
 
 
 def check_cores() -> Check:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
+    from ._config import cpu_cores
+
+    cores = cpu_cores()
     return Check(
         True,
         f"{cores} CPU core(s): world sizes up to {max(2, cores)} run at full speed; up to "

@@ -1,16 +1,31 @@
-"""The errors distlab raises when something goes wrong on a rank, written for whoever reads them.
+"""Every error distlab raises, written for whoever reads them. All derive from `DistlabError`, so
+``except distlab.DistlabError`` catches any of them:
 
-`RankError`: one or more ranks raised, or died. The root cause comes first; errors that other ranks
-hit *because* of it (a peer's connection closed, a collective timed out) are marked as consequences.
+- `RankError`: one or more ranks raised, or died. The root cause comes first; errors that other
+  ranks hit *because* of it (a peer's connection closed, a collective timed out) are marked as
+  consequences.
+- `RankTimeout`: ranks did not finish in time. Shows the Python stack of every stuck rank, with the
+  notebook's own source lines, so the learner sees the exact line each rank is waiting on.
+- `ClusterBroken`: a cluster's rank is stuck or dead, so the cluster needs a restart.
+- `ShipError`: something given to distlab cannot be sent to the ranks (it does not pickle).
+- `StartError`: the ranks (or the helper that starts them) could not be started.
 
-`RankTimeout`: ranks did not finish in time. Shows the Python stack of every stuck rank, with the
-notebook's own source lines, so the learner sees the exact line each rank is waiting on.
+Each also derives from the built-in error a learner would expect (RuntimeError, TimeoutError,
+TypeError), so existing ``except`` clauses keep working.
+
+How they are shown: every public entry point is wrapped in `entry_point`, which drops distlab's
+own frames from the traceback, and IPython draws them with `DistlabError._render_traceback_`,
+which leaves out the entry point's frame too. The learner sees their cell's line, then the
+message.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import signal
+import types
 from dataclasses import dataclass
 
 from ._readable import readable
@@ -24,30 +39,15 @@ _CONSEQUENCE = re.compile(
 )
 
 
-def _render_traceback_(self) -> list[str]:
-    """How IPython shows a distlab error (it calls this method when an exception has it):
-    the notebook's own frames, as usual, but none of distlab's, which only pass the error on."""
-    from IPython import get_ipython
-
-    ip = get_ipython()
-    if ip is None:  # not in IPython after all: the standard formatting
-        import traceback
-
-        return traceback.format_exception(type(self), self, self.__traceback__)
-    tb = _user_frames(self.__traceback__)
-    return ip.InteractiveTB.structured_traceback(type(self), self, tb, tb_offset=0)
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def _user_frames(tb):
+def _user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     """A copy of the traceback ``tb`` without distlab's and IPython's own frames."""
-    import os
-    import types
-
-    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frames = []
     while tb is not None:
         filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        internal = filename.startswith(here) or f"{os.sep}IPython{os.sep}" in filename
+        internal = filename.startswith(_HERE) or f"{os.sep}IPython{os.sep}" in filename
         if not internal:
             frames.append((tb.tb_frame, tb.tb_lasti, tb.tb_lineno))
         tb = tb.tb_next
@@ -55,6 +55,66 @@ def _user_frames(tb):
     for frame, lasti, lineno in reversed(frames):
         new = types.TracebackType(new, frame, lasti, lineno)
     return new
+
+
+class DistlabError(Exception):
+    """Base class of every error distlab raises (see the module's docstring for the list)."""
+
+    def _render_traceback_(self) -> list[str]:
+        """How IPython shows a distlab error (it calls this method when an exception has it):
+        the notebook's own frames, as usual, but none of distlab's, which only pass it on."""
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        if ip is None:  # not in IPython after all: the standard formatting
+            import traceback
+
+            return traceback.format_exception(type(self), self, self.__traceback__)
+        tb = _user_frames(self.__traceback__)
+        return ip.InteractiveTB.structured_traceback(type(self), self, tb, tb_offset=0)
+
+
+def entry_point(fn):
+    """Decorate a public function or method: a `DistlabError` it raises leaves it without
+    distlab's inner frames (its message says everything), and without the chained exceptions
+    that led to it inside distlab."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except DistlabError as e:
+            raise e.with_traceback(_user_frames(e.__traceback__)) from None
+
+    return wrapper
+
+
+def signal_name(exitcode: int | None) -> str | None:
+    """``-11`` -> ``"SIGSEGV"``: the signal that killed a process, from its exit code."""
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+_SIGNAL_MEANING = {
+    "SIGSEGV": " (segmentation fault: a crash inside C/C++ code)",
+    "SIGKILL": " (killed: out of memory, or someone ran kill -9)",
+    "SIGABRT": " (aborted: usually a C++ exception or assertion)",
+    "SIGBUS": " (bus error)",
+}
+
+
+def exit_text(exitcode: int | None) -> str:
+    """How a rank's process ended, in words."""
+    if exitcode is None:
+        return "its process ended (exit status unknown)"
+    name = signal_name(exitcode)
+    if name:
+        return f"killed by signal {name}{_SIGNAL_MEANING.get(name, '')}"
+    return f"exited with code {exitcode} before finishing its task"
 
 
 @dataclass
@@ -72,12 +132,7 @@ class RankFailure:
 
     @property
     def signal(self) -> str | None:
-        if self.exitcode is not None and self.exitcode < 0:
-            try:
-                return signal.Signals(-self.exitcode).name
-            except ValueError:
-                return f"signal {-self.exitcode}"
-        return None
+        return signal_name(self.exitcode)
 
     def headline(self) -> str:
         if self.stage == "died":
@@ -90,7 +145,7 @@ class RankFailure:
         return f"rank {self.rank} {what}: {self.type}: {self.message}".rstrip(": ")
 
 
-class RankError(RuntimeError):
+class RankError(DistlabError, RuntimeError):
     """One or more ranks failed. ``failures[0]`` (also ``primary``) is the root cause.
 
     Attributes: ``failures`` (list of `RankFailure`, root causes first, then consequences),
@@ -159,10 +214,8 @@ class RankError(RuntimeError):
             )
         return readable("\n".join(lines))
 
-    _render_traceback_ = _render_traceback_
 
-
-class RankTimeout(TimeoutError):
+class RankTimeout(DistlabError, TimeoutError):
     """Ranks did not finish within the timeout. ``stacks[rank]`` is where each stuck rank waits.
 
     Attributes: ``timeout`` (seconds), ``stacks`` (dict rank -> formatted Python stack),
@@ -211,13 +264,17 @@ class RankTimeout(TimeoutError):
         )
         return readable("\n".join(lines))
 
-    _render_traceback_ = _render_traceback_
 
-
-class ClusterBroken(RuntimeError):
+class ClusterBroken(DistlabError, RuntimeError):
     """A cluster's rank is stuck inside C++ or dead, so it cannot run cells until restarted."""
 
-    _render_traceback_ = _render_traceback_
+
+class ShipError(DistlabError, TypeError):
+    """Something given to distlab cannot be sent to the ranks (it cannot be pickled)."""
+
+
+class StartError(DistlabError, RuntimeError):
+    """The ranks, or distlab's helper process that starts them, could not be started."""
 
 
 def looks_like_consequence(type_name: str, message: str) -> bool:
@@ -243,4 +300,12 @@ def order_failures(failures: list[RankFailure]) -> list[RankFailure]:
     return roots + rest
 
 
-__all__ = ["ClusterBroken", "RankError", "RankFailure", "RankTimeout"]
+__all__ = [
+    "ClusterBroken",
+    "DistlabError",
+    "RankError",
+    "RankFailure",
+    "RankTimeout",
+    "ShipError",
+    "StartError",
+]

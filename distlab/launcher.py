@@ -1,12 +1,32 @@
-"""`distlab.launch`: run a function on N local ranks, straight from a notebook cell."""
+"""`distlab.launch`: run a function on N local ranks, straight from a notebook cell.
+
+Also `on_ranks`, which the other tools that run a function on ranks (`distlab.timeline.record`,
+`distlab.memory.record`) use, so they take exactly launch's options, or a live cluster.
+"""
 
 from __future__ import annotations
 
-from . import _config, _ship
-from ._group import RankGroup
-from .errors import RankError, RankTimeout
+from . import _config
+from ._ranks import ship
+from ._ranks.group import RankGroup
+from .errors import entry_point
+
+#: launch's keyword options, with their defaults: what `on_ranks` takes out of a tool's kwargs.
+OPTIONS = {
+    "world_size": 2,
+    "backend": "auto",
+    "timeout": 60.0,
+    "threads": None,
+    "stream": False,
+    "fold": True,
+    "start_method": None,
+    "env": None,
+}
+#: Of those, the ones that also apply to a live cluster's ranks (the others set up new ranks).
+CLUSTER_OPTIONS = ("world_size", "timeout", "stream", "fold")
 
 
+@entry_point
 def launch(
     fn,
     *args,
@@ -68,7 +88,7 @@ def launch(
     timeout = _config.check_timeout(timeout)
     backend = _config.resolve_backend(backend, world_size)
     start_method = _config.check_start_method(start_method)
-    payload = _ship.dumps_call(fn, args, kwargs)
+    payload = ship.dumps_call(fn, args, kwargs)
 
     group = RankGroup(
         world_size,
@@ -85,11 +105,63 @@ def launch(
         )
         ok = True
         return values
-    except (RankError, RankTimeout) as e:
-        raise e.with_traceback(None) from None  # the message says it all; skip distlab's frames
     finally:
         if ok:
             group.close()
         else:
             group.kill()
             group.close()
+
+
+def split_options(kwargs: dict) -> tuple[dict, dict]:
+    """``kwargs`` of a tool that runs a function on ranks -> (launch's options among them, the
+    function's own keyword arguments), told apart by name as `launch` tells them apart."""
+    options = {k: v for k, v in kwargs.items() if k in OPTIONS}
+    return options, {k: v for k, v in kwargs.items() if k not in OPTIONS}
+
+
+def on_ranks(fn, args: tuple, options: dict, *, cluster=None) -> list:
+    """``fn(*args)`` on ``cluster``'s live ranks, or on new ranks as `launch` runs it, with
+    ``options`` (launch's keyword options, see `OPTIONS`). What `distlab.timeline.record` and
+    `distlab.memory.record` run on.
+
+    Raises what `launch` and `distlab.Cluster.run` raise, and ValueError for a ``world_size``
+    that differs from the cluster's, or an option that only new ranks take (``backend``,
+    ``threads``, ``start_method``, ``env``) given with a cluster.
+    """
+    if cluster is None:
+        return launch(fn, *args, **options)
+    options = dict(options)
+    world_size = options.pop("world_size", None)
+    if world_size is not None and world_size != cluster.world_size:
+        raise ValueError(
+            f"world_size={world_size!r} but the cluster has {cluster.world_size} ranks: "
+            "leave world_size out when you pass cluster="
+        )
+    for_new = sorted(k for k in options if k not in CLUSTER_OPTIONS)
+    if for_new:
+        raise ValueError(
+            f"{', '.join(k + '=' for k in for_new)} {'is' if len(for_new) == 1 else 'are'} for "
+            "new ranks; a cluster's ranks are already set up (give it to distlab.Cluster(...) "
+            "instead)"
+        )
+    return cluster.run(fn, *args, **options)
+
+
+def from_every_rank(cluster, fetch, *, missing: str) -> list:
+    """``fetch()`` on every rank of ``cluster`` (default: the current cluster), one value per
+    rank. A rank whose value is None has nothing to give: RuntimeError naming those ranks,
+    ``"rank(s) 0, 2 " + missing``."""
+    from . import cluster as _cluster
+
+    cl = cluster if cluster is not None else _cluster.current()
+    values = cl.run(fetch)
+    require_every_rank(values, missing)
+    return values
+
+
+def require_every_rank(values: list, missing: str) -> None:
+    """RuntimeError ``"rank(s) 0, 2 " + missing`` if some of ``values`` (one per rank) are None."""
+    ranks = [r for r, v in enumerate(values) if v is None]
+    if ranks:
+        raise RuntimeError(f"rank(s) {', '.join(map(str, ranks))} {missing}")

@@ -17,7 +17,7 @@ import shlex
 import sys
 
 from . import cluster as _cluster
-from .errors import ClusterBroken, RankError, RankTimeout
+from .errors import entry_point
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +54,7 @@ def parse_line(
     return ranks, args.timeout, args.stream, args.fold
 
 
+@entry_point
 def ranks(line: str, cell: str):
     """Run this cell on the ranks of the current distlab cluster (see ``distlab.magic``)."""
     cl = _cluster.current()
@@ -62,12 +63,9 @@ def ranks(line: str, cell: str):
     warning = _cluster.collective_warning(cell, chosen, cl.world_size)
     if warning:
         print(warning, file=sys.stderr)
-    try:
-        result = cl.exec(
-            cell, ranks=targets, timeout=timeout, stream=stream, fold=fold, _name=_cell_name()
-        )
-    except (RankError, RankTimeout, ClusterBroken) as e:
-        raise e.with_traceback(None) from None  # the message says it all; skip distlab's frames
+    result = cl.exec(
+        cell, ranks=targets, timeout=timeout, stream=stream, fold=fold, _name=_cell_name()
+    )
     if not result.items() or cell.rstrip().endswith(";"):  # a trailing ; hides Out, as in IPython
         return None
     return result

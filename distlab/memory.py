@@ -5,11 +5,13 @@ Counted from the tensors themselves, on each rank (a ``%%ranks`` cell, or a laun
     from distlab import memory
     usage = memory.measure(model, optimizer)     # this rank's bytes (a `Usage`)
 
-then shown side by side in the kernel:
+then shown side by side in the kernel, in the same three ways as `distlab.timeline`:
 
-    table = distlab.memory.Table(cluster.pull("usage"), title="DDP", psi=n_params)
+    table = memory.record(train_step, world_size=4, title="DDP", psi=n_params)  # new ranks
+    table = memory.collect(cluster, title="DDP", psi=n_params)  # each rank's last measure()
+    table = memory.Table(cluster.pull("usage"), title="DDP", psi=n_params)   # or by hand
     table                     # a bar chart per rank in Jupyter; text: exact bytes, and ÷ Ψ
-    distlab.memory.compare(ddp_table, zero_table, fsdp_table)   # several set-ups in one chart
+    memory.compare(ddp_table, zero_table, fsdp_table)   # several set-ups in one chart
 
 What is counted: a parameter or gradient that is a `DTensor` (FSDP's ``fully_shard``, tensor
 parallel) counts with its **local** shard; `ZeroRedundancyOptimizer` counts the state of the
@@ -28,12 +30,12 @@ import sys
 from dataclasses import dataclass
 
 from . import _output
+from ._chart import BACKGROUND, INK, PARTS, Chart, key
+from ._config import process_group_rank
+from .errors import entry_point
 
-__all__ = ["Comparison", "Table", "Usage", "compare", "measure"]
+__all__ = ["Comparison", "Table", "Usage", "collect", "compare", "measure", "record"]
 
-_COLOURS = {"params": "#0072B2", "grads": "#E69F00", "optimizer": "#009E73"}
-_BACKGROUND = "#F5F5F5"
-_INK = "#222222"
 _PARTS = ("params", "grads", "optimizer")
 
 
@@ -83,6 +85,10 @@ def _is_zero(optimizer) -> bool:
     return zero is not None and isinstance(optimizer, zero)
 
 
+#: This rank's last `measure` (what `collect` fetches).
+_last: Usage | None = None
+
+
 def measure(model=None, optimizer=None) -> Usage:
     """Count the bytes of ``model``'s parameters and gradients and ``optimizer``'s state here.
 
@@ -98,7 +104,8 @@ def measure(model=None, optimizer=None) -> Usage:
             state at the first ``step()``.
 
     Returns:
-        A `Usage` (bytes), with ``rank`` from the default process group (None without one).
+        A `Usage` (bytes), with ``rank`` from the default process group (None without one). It
+        is also kept as this rank's last measurement, which `collect` and `record` fetch.
 
     Raises:
         ValueError: neither a model nor an optimizer was given.
@@ -146,16 +153,9 @@ def measure(model=None, optimizer=None) -> Usage:
                 else:
                     other_bytes += _nbytes(value)
 
-    rank = None
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank()
-    except Exception:
-        pass
-    return Usage(
-        rank=rank,
+    global _last
+    _last = Usage(
+        rank=process_group_rank()[0],
         params=params,
         grads=grads,
         optimizer=state_bytes,
@@ -164,6 +164,7 @@ def measure(model=None, optimizer=None) -> Usage:
         peak_rss=_peak_rss(),
         cuda_peak=_cuda_peak(),
     )
+    return _last
 
 
 def _peak_rss() -> int:
@@ -179,40 +180,12 @@ def _cuda_peak() -> int | None:
     return None
 
 
-class _Chart:
-    """What `Table` and `Comparison` share: a cached PNG of ``figure()``, shown in notebooks."""
-
-    _png: bytes | None = None
-
-    def png(self) -> bytes:
-        """The bar chart as PNG bytes."""
-        if self._png is None:
-            from .pictures import png_bytes
-
-            self._png = png_bytes(self.figure())
-        return self._png
-
-    def _repr_png_(self):
-        from .pictures import png_repr
-
-        return png_repr(self.png())
-
-
 def _legend(ax) -> None:
     """The key of the three parts (params, grads, optimizer), above the bars."""
-    from matplotlib.patches import Patch
-
-    ax.legend(
-        handles=[Patch(facecolor=_COLOURS[p], edgecolor=_INK, label=p) for p in _PARTS],
-        loc="lower center",
-        bbox_to_anchor=(0.5, 1.0),
-        ncol=3,
-        fontsize=8,
-        frameon=False,
-    )
+    key(ax, [(p, PARTS[p]) for p in _PARTS])
 
 
-class Table(_Chart):
+class Table(Chart):
     """The `Usage` of every rank, side by side: a bar chart in Jupyter, exact bytes in text.
 
     Args:
@@ -220,13 +193,16 @@ class Table(_Chart):
         title: a heading, e.g. ``"DDP"``.
         psi: the number of parameters of the whole model (Ψ). Then the text also shows each
             rank's total in bytes per model parameter (total ÷ Ψ), which the formulas predict.
+        results: kept as ``.results`` (`record` puts what the function returned there).
 
     Raises:
         ValueError: no usages; ``psi`` not a positive int.
         TypeError: an entry is not a `Usage` (call ``memory.measure(...)`` on the ranks).
     """
 
-    def __init__(self, usages, *, title: str | None = None, psi: int | None = None):
+    def __init__(
+        self, usages, *, title: str | None = None, psi: int | None = None, results=None
+    ):
         usages = list(usages)
         if not usages:
             raise ValueError("a memory Table needs one Usage per rank; got none")
@@ -242,9 +218,9 @@ class Table(_Chart):
                 f"psi must be the model's number of parameters (an int >= 1), got {psi!r}"
             )
         self.usages = usages
+        self.results = results  #: what the function returned on each rank (`record` only)
         self.title = title
         self.psi = psi
-        self._png: bytes | None = None
 
     def __len__(self) -> int:
         return len(self.usages)
@@ -297,9 +273,9 @@ class Table(_Chart):
 
         n = len(self.usages)
         unit, scale = _unit(max(max(getattr(u, p) for p in _PARTS) for u in self.usages))
-        fig = Figure(figsize=(max(4.5, 1.3 * n + 2), 3.2), facecolor=_BACKGROUND)
+        fig = Figure(figsize=(max(4.5, 1.3 * n + 2), 3.2), facecolor=BACKGROUND)
         ax = fig.add_axes((0.14, 0.16, 0.83, 0.68))
-        ax.set_facecolor(_BACKGROUND)
+        ax.set_facecolor(BACKGROUND)
         width = 0.26
         for r, u in enumerate(self.usages):
             for i, part in enumerate(_PARTS):
@@ -308,39 +284,31 @@ class Table(_Chart):
                     r + (i - 1) * width,
                     value,
                     width,
-                    color=_COLOURS[part],
-                    edgecolor=_INK,
+                    color=PARTS[part],
+                    edgecolor=INK,
                     linewidth=0.5,
                 )
         ax.set_xticks(range(n), [f"rank {r}" for r in range(n)], fontsize=9)
         ax.set_ylabel(unit, fontsize=9)
         ax.tick_params(axis="y", labelsize=8)
-        ax.set_title(self.title or "memory per rank", fontsize=11, color=_INK, pad=22)
+        ax.set_title(self.title or "memory per rank", fontsize=11, color=INK, pad=22)
         _legend(ax)
         return fig
 
 
-
-class Comparison(_Chart):
+class Comparison(Chart):
     """Several `Table`\\ s side by side (build with `compare`): one group per table, a stacked
     bar (params, grads, optimizer) per rank. Text: one line per table and rank group."""
 
     def __init__(self, tables):
         self.tables = list(tables)
-        self._png: bytes | None = None
 
     def text(self) -> str:
         lines = []
         for t in self.tables:
             name = t.title or "?"
-            rows: list[tuple[list[int], tuple]] = []
-            for r, u in enumerate(t.usages):
-                key = (u.params, u.grads, u.optimizer)
-                if rows and rows[-1][1] == key:
-                    rows[-1][0].append(r)
-                else:
-                    rows.append(([r], key))
-            for ranks, (p, g, o) in rows:
+            held = {r: (u.params, u.grads, u.optimizer) for r, u in enumerate(t.usages)}
+            for ranks, (p, g, o) in _output.group_alike(held):
                 who = _output.tag(ranks)[1:-1]  # "rank 2", "ranks 0,1", "ranks 0-3"
                 if t.psi is not None:
                     psi = t.psi
@@ -367,10 +335,10 @@ class Comparison(_Chart):
         n_bars = sum(len(t.usages) for t in self.tables)
         fig = Figure(
             figsize=(max(5.0, 0.45 * n_bars + 0.6 * len(self.tables) + 1.5), 3.4),
-            facecolor=_BACKGROUND,
+            facecolor=BACKGROUND,
         )
         ax = fig.add_axes((0.1, 0.2, 0.87, 0.64))
-        ax.set_facecolor(_BACKGROUND)
+        ax.set_facecolor(BACKGROUND)
         x = 0.0
         centres, names = [], []
         for t in self.tables:
@@ -384,13 +352,13 @@ class Comparison(_Chart):
                         value,
                         0.8,
                         bottom=bottom,
-                        color=_COLOURS[part],
-                        edgecolor=_INK,
+                        color=PARTS[part],
+                        edgecolor=INK,
                         linewidth=0.5,
                     )
                     bottom += value
                 ax.text(
-                    x, -0.02 * top / scale, str(r), ha="center", va="top", fontsize=7, color=_INK
+                    x, -0.02 * top / scale, str(r), ha="center", va="top", fontsize=7, color=INK
                 )
                 x += 1
             centres.append((start + x - 1) / 2)
@@ -403,6 +371,76 @@ class Comparison(_Chart):
         _legend(ax)
         return fig
 
+
+@entry_point
+def record(fn, *args, cluster=None, title: str | None = None, psi: int | None = None, **kwargs):
+    r"""Run ``fn(*args, **kwargs)`` on every rank; return a `Table` of what each rank last
+    `measure`\ d while it ran.
+
+    ``fn`` calls ``distlab.memory.measure(model, optimizer)`` itself, at the moment whose bytes
+    you want (after the optimizer's first step, say): the same shape as `distlab.timeline.record`
+    with ``timeline.recording()`` inside.
+
+    Args:
+        fn, args, kwargs, cluster: as for `distlab.timeline.record`: new ranks as
+            `distlab.launch` (keyword arguments named like launch's options set them up), or the
+            live ranks of ``cluster``. What ``fn`` returns is in the table's ``.results``.
+        title, psi: as for `Table`.
+
+    Raises:
+        RuntimeError: some rank did not call `measure` while ``fn`` ran (the message names it).
+        And what `distlab.timeline.record` and `Table` raise for bad arguments, failures and
+        hangs on the ranks.
+    """
+    from . import _config
+    from .launcher import on_ranks, require_every_rank, split_options
+
+    _config.check_callable(fn, "memory.record()")
+    options, fn_kwargs = split_options(kwargs)
+    out = on_ranks(_run_measured, (fn, args, fn_kwargs), options, cluster=cluster)
+    usages = [usage for _, usage in out]
+    require_every_rank(usages, "measured nothing while the function ran." + _HOW)
+    return Table(usages, title=title, psi=psi, results=[value for value, _ in out])
+
+
+@entry_point
+def collect(cluster=None, *, title: str | None = None, psi: int | None = None) -> Table:
+    """Fetch from every rank of ``cluster`` its last `measure` (from a ``%%ranks`` cell), as a
+    `Table`.
+
+    Args:
+        cluster: a live `distlab.Cluster`; default: the current one (the most recent).
+        title, psi: as for `Table`.
+
+    Raises:
+        RuntimeError: no cluster is running, or some rank has not measured anything yet (the
+            message names it and says what to run).
+    """
+    from .launcher import from_every_rank
+
+    usages = from_every_rank(cluster, _take_last, missing="have measured nothing yet." + _HOW)
+    return Table(usages, title=title, psi=psi)
+
+
+_HOW = (
+    " On every rank, call:\n"
+    "    from distlab import memory\n"
+    "    usage = memory.measure(model, optimizer)\n"
+    "where you want the bytes counted (after the optimizer's first step, say)."
+)
+
+
+def _take_last() -> Usage | None:
+    """Run on a rank by `collect`."""
+    return _last
+
+
+def _run_measured(fn, args, kwargs):
+    """Run on every rank by `record`: ``fn(*args, **kwargs)``, then its last measurement."""
+    global _last
+    _last = None
+    value = fn(*args, **kwargs)
+    return value, _last
 
 
 def compare(*tables: Table) -> Comparison:

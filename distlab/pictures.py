@@ -26,20 +26,14 @@ arguments such as ``scatter_list``/``gather_list``: groups of cells, side by sid
 
 from __future__ import annotations
 
-import io
 import math
 import numbers
 from dataclasses import dataclass
 
+from ._chart import BACKGROUND, FAINT, INK, MISSING, OKABE_ITO, Chart
+
 __all__ = ["Cell", "Picture", "collective"]
 
-# Okabe-Ito: a palette that colour-blind readers can tell apart (its black left out: it would
-# vanish on a dark theme). Used when a picture shows at most this many distinct values.
-_PALETTE = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999"]
-_NAN_COLOUR = "#BBBBBB"
-_BACKGROUND = "#F5F5F5"  # neutral: a light card reads the same in light and dark JupyterLab
-_INK = "#222222"  # labels, titles and outlines on that card
-_FAINT = "#8A8A8A"
 
 # Layout, in cell widths.
 _ROW = 1.35  # from one rank's row to the next
@@ -50,7 +44,6 @@ _INCH_PER_CELL = 0.42
 # Rough text widths, in cell widths per character, to make room for titles and labels.
 _TITLE_CHAR_W = 0.27  # 12 pt bold
 _LABEL_CHAR_W = 0.21  # 10 pt italic
-_DPI = 150  # PNG resolution; shown at 100 pixels per inch, so it stays sharp on HiDPI screens
 
 
 @dataclass(frozen=True)
@@ -80,7 +73,7 @@ class _Holding:
     groups: tuple[tuple, ...] = ()  # the values of each tensor (one group for "tensor")
 
 
-class Picture:
+class Picture(Chart):
     """A collective drawn as per-rank cells, before and after. Build one with `collective`.
 
     Shows as a PNG in Jupyter (``_repr_png_``) and as text elsewhere (``repr``/``str``, also the
@@ -180,13 +173,13 @@ class Picture:
         total_h = top + self.world_size * _ROW
 
         fig = Figure(
-            figsize=(total_w * _INCH_PER_CELL, total_h * _INCH_PER_CELL), facecolor=_BACKGROUND
+            figsize=(total_w * _INCH_PER_CELL, total_h * _INCH_PER_CELL), facecolor=BACKGROUND
         )
         ax = fig.add_axes((0, 0, 1, 1))
         ax.set_xlim(0, total_w)
         ax.set_ylim(-total_h + top, top)
         ax.set_axis_off()
-        ax.set_facecolor(_BACKGROUND)
+        ax.set_facecolor(BACKGROUND)
 
         ax.text(
             0.15,
@@ -196,32 +189,17 @@ class Picture:
             va="center",
             fontsize=12,
             fontweight="bold",
-            color=_INK,
+            color=INK,
         )
-        ax.text(
-            x_before,
-            top - 1.45,
-            self.labels[0],
-            ha="left",
-            va="center",
-            fontsize=10,
-            color=_FAINT,
-            style="italic",
-        )
-        ax.text(
-            x_after,
-            top - 1.45,
-            self.labels[1],
-            ha="left",
-            va="center",
-            fontsize=10,
-            color=_FAINT,
-            style="italic",
-        )
+        for x, label in zip((x_before, x_after), self.labels, strict=True):
+            ax.text(
+                x, top - 1.45, label, ha="left", va="center", fontsize=10, color=FAINT,
+                style="italic",
+            )  # fmt: skip
 
         for rank in range(self.world_size):
             y = -rank * _ROW  # cells span y-1 .. y
-            ax.text(0.15, y - 0.5, f"rank {rank}", ha="left", va="center", fontsize=10, color=_INK)
+            ax.text(0.15, y - 0.5, f"rank {rank}", ha="left", va="center", fontsize=10, color=INK)
             self._draw_holding(ax, self.before[rank], x_before, y)
             self._draw_holding(ax, self.after[rank], x_after, y)
             if not self.arrows:
@@ -229,7 +207,7 @@ class Picture:
                     "",
                     xy=(x_after - 0.35, y - 0.5),
                     xytext=(x_before + w_before + 0.35, y - 0.5),
-                    arrowprops={"arrowstyle": "->", "color": _FAINT, "lw": 1.2},
+                    arrowprops={"arrowstyle": "->", "color": FAINT, "lw": 1.2},
                 )
 
         # Arrows leaving one rank (or reaching one rank) fan out over its cell height.
@@ -245,7 +223,7 @@ class Picture:
                     end,
                     arrowstyle="-|>",
                     mutation_scale=11,
-                    color=_INK,
+                    color=INK,
                     lw=1.1,
                     connectionstyle=f"arc3,rad={bend}",
                     shrinkA=0,
@@ -268,19 +246,19 @@ class Picture:
         from matplotlib.patches import FancyBboxPatch, Rectangle
 
         if holding.kind == "none":
-            ax.text(x + 0.5, y - 0.5, "-", ha="center", va="center", fontsize=11, color=_FAINT)
+            ax.text(x + 0.5, y - 0.5, "-", ha="center", va="center", fontsize=11, color=FAINT)
             return
         for values in holding.groups:
             shown, hidden = _truncate(values, self.max_cells)
             start = x
             if not shown and not hidden:  # an empty tensor: a dashed, empty box
                 ax.add_patch(
-                    Rectangle((x, y - 1), 1, 1, fill=False, edgecolor=_FAINT, linestyle="--", lw=1)
+                    Rectangle((x, y - 1), 1, 1, fill=False, edgecolor=FAINT, linestyle="--", lw=1)
                 )
                 x += 1
             for v in shown:
                 fill = self._colours[_key(v)]
-                ax.add_patch(Rectangle((x, y - 1), 1, 1, facecolor=fill, edgecolor=_INK, lw=0.8))
+                ax.add_patch(Rectangle((x, y - 1), 1, 1, facecolor=fill, edgecolor=INK, lw=0.8))
                 ax.text(
                     x + 0.5,
                     y - 0.5,
@@ -293,7 +271,7 @@ class Picture:
                 x += 1
             if hidden:
                 ax.text(
-                    x + 0.5, y - 0.5, "...", ha="center", va="center", fontsize=10, color=_FAINT
+                    x + 0.5, y - 0.5, "...", ha="center", va="center", fontsize=10, color=FAINT
                 )
                 x += 1
             if holding.kind == "list":  # outline each tensor of a list
@@ -303,40 +281,12 @@ class Picture:
                         x - start,
                         1,
                         fill=False,
-                        edgecolor=_FAINT,
+                        edgecolor=FAINT,
                         lw=1.0,
                         boxstyle="round,pad=0.08,rounding_size=0.12",
                     )
                 )
             x += _GROUP_GAP
-
-    def png(self) -> bytes:
-        """The picture as PNG bytes (the same bytes for the same picture and matplotlib)."""
-        if self._png is None:
-            self._png = png_bytes(self.figure())
-        return self._png
-
-    def _repr_png_(self):
-        return png_repr(self.png())
-
-
-def png_bytes(fig) -> bytes:
-    """A figure as PNG bytes, the way every distlab picture is saved (timeline and memory
-    charts too): same resolution and background, and no "Software" entry, so the bytes depend
-    only on what is drawn."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI, facecolor=_BACKGROUND, metadata={"Software": None})
-    return buf.getvalue()
-
-
-def png_repr(data: bytes):
-    """What ``_repr_png_`` returns for PNG ``data`` made by `png_bytes`: shown at 100 pixels
-    per inch, so it stays sharp on HiDPI screens."""
-    width = int.from_bytes(data[16:20], "big")  # in pixels, from the PNG header
-    return data, {"width": round(width * 100 / _DPI)}
 
 
 def collective(
@@ -526,15 +476,15 @@ def _key(v) -> float:
 def _colour_map(values) -> dict[float, str]:
     keys = sorted({_key(v) for v in values if not math.isnan(_key(v))})
     colours: dict[float, str] = {}
-    if len(keys) <= len(_PALETTE):
-        colours = dict(zip(keys, _PALETTE[: len(keys)], strict=True))
+    if len(keys) <= len(OKABE_ITO):
+        colours = dict(zip(keys, OKABE_ITO[: len(keys)], strict=True))
     else:
         from matplotlib import colormaps
         from matplotlib.colors import to_hex
 
         cmap = colormaps["viridis"]
         colours = {k: to_hex(cmap(i / (len(keys) - 1))) for i, k in enumerate(keys)}
-    colours[float("nan")] = _NAN_COLOUR
+    colours[float("nan")] = MISSING
     return _NanAwareDict(colours)
 
 
@@ -543,7 +493,7 @@ class _NanAwareDict(dict):
 
     def __getitem__(self, key):
         if isinstance(key, float) and math.isnan(key):
-            return _NAN_COLOUR
+            return MISSING
         return super().__getitem__(key)
 
 

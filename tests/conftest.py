@@ -8,6 +8,14 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "quick: needs no ranks and no kernel (synthetic data only): `pytest -m quick` runs these "
+        "alone in seconds",
+    )
+
+
 @pytest.fixture(scope="module")
 def kernel():
     from kernel import Kernel
@@ -15,3 +23,15 @@ def kernel():
     k = Kernel()
     yield k
     k.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster(request):
+    """A live `distlab.Cluster` shared by the tests of one module. Its options come from the
+    module's ``CLUSTER`` dict (default: 2 ranks, timeout 60 s)."""
+    import distlab
+
+    options = {"world_size": 2, "timeout": 60, **getattr(request.module, "CLUSTER", {})}
+    c = distlab.Cluster(**options)
+    yield c
+    c.shutdown()

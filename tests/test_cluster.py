@@ -17,11 +17,7 @@ import distlab
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = distlab.Cluster(world_size=3, timeout=30)
-    yield c
-    c.shutdown()
+CLUSTER = {"world_size": 3, "timeout": 30}
 
 
 def _rank_and_pid():

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from distlab.errors import RankError, RankFailure, RankTimeout, order_failures
+
+pytestmark = pytest.mark.quick
 
 
 def _f(rank, type_="ValueError", message="bad", stage="raised"):
@@ -64,3 +68,41 @@ def test_rank_timeout_lists_stuck_ranks_with_stacks_and_a_hint():
     assert "--- rank 1 is stuck here (most recent call last) ---" in text
     assert "dist.barrier()" in text and "Finished: rank 0." in text
     assert isinstance(err, TimeoutError) and err.ranks == [1]
+
+
+def test_every_distlab_error_is_a_distlab_error_and_the_builtin_a_learner_expects():
+    import distlab
+
+    expected = {
+        "RankError": RuntimeError,
+        "RankTimeout": TimeoutError,
+        "ClusterBroken": RuntimeError,
+        "ShipError": TypeError,
+        "StartError": RuntimeError,
+    }
+    for name, builtin in expected.items():
+        cls = getattr(distlab, name)
+        assert issubclass(cls, distlab.DistlabError) and issubclass(cls, builtin), name
+        assert cls._render_traceback_ is distlab.DistlabError._render_traceback_
+
+
+def test_an_entry_point_leaves_no_distlab_frame_but_its_own_call_site():
+    import traceback
+
+    from distlab.errors import DistlabError, entry_point
+
+    def deep():  # stands for distlab's inner frames
+        raise DistlabError("what went wrong")
+
+    deep.__code__ = deep.__code__.replace(co_filename=entry_point.__code__.co_filename)
+
+    @entry_point
+    def public():
+        deep()
+
+    with pytest.raises(DistlabError) as info:
+        public()
+    frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+    assert "deep" not in frames, frames  # distlab's inner frames are gone
+    assert frames[0] == "test_an_entry_point_leaves_no_distlab_frame_but_its_own_call_site"
+    assert info.value.__suppress_context__

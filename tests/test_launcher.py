@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import distlab
-from distlab import _zygote
+from distlab._ranks import forkserver
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -148,18 +148,19 @@ def test_a_finished_rank_leaves_its_gloo_sockets_for_exit_to_close(tmp_path):
     code = textwrap.dedent(
         f"""
         import torch.distributed as dist
-        from distlab import _child
-        this = _child._Rank(  # not `rank`: setup() sets __main__.rank, as %%ranks cells expect
-            {{"rank": 0, "world_size": 1, "backend": "gloo", "threads": 1, "token": "t",
-             "store_path": {str(tmp_path / "store")!r}, "pg_timeout": 30}},
+        from distlab._ranks import rank as rank_side
+        from distlab._ranks.protocol import RankSpec
+        this = rank_side._Rank(  # not `rank`: setup() sets __main__.rank, as %%ranks cells do
+            RankSpec(rank=0, world_size=1, backend="gloo", threads=1, token="t",
+                     store_path={str(tmp_path / "store")!r}, pg_timeout=30),
             None,
         )
         this.setup()
         world = dist.group.WORLD
         this.finish()
         assert not dist.is_initialized()
-        assert [type(g).__name__ for g in _child._KEEP] == ["ProcessGroup"]
-        assert _child._KEEP[0] is world
+        assert [type(g).__name__ for g in rank_side._KEEP] == ["ProcessGroup"]
+        assert rank_side._KEEP[0] is world
         print("ok")
         """
     )
@@ -365,7 +366,7 @@ def _distlab_tmp() -> set[str]:
 
 
 def test_100_launches_leave_no_processes_fds_or_temp_files():
-    distlab.launch(_pid, world_size=2)  # the zygote and its threads exist from here on
+    distlab.launch(_pid, world_size=2)  # the fork server and its threads exist from here on
     me = psutil.Process()
     fds, children, tmp = _open_fds(), {p.pid for p in me.children(recursive=True)}, _distlab_tmp()
     pids = set()
@@ -572,10 +573,10 @@ def _heavy_modules_loaded():
 
 
 def test_ranks_start_with_ddps_imports_done_once_the_helper_has_been_idle():
-    # DDP, FSDP, DTensor and RPC import torch._dynamo (~2 s per rank). The zygote imports them
+    # DDP, FSDP, DTensor and RPC import torch._dynamo (~2 s per rank). The fork server imports them
     # while it has nothing else to do, so ranks forked afterwards start with them loaded.
     distlab.launch(_pid, world_size=1, backend=None)
-    assert _zygote.get().wait_settled(timeout=120)
+    assert forkserver.get().wait_settled(timeout=120)
     loaded = distlab.launch(_heavy_modules_loaded, world_size=1, backend=None)[0]
     assert loaded == ["torch._dynamo", "torch.distributed.rpc"]
 
@@ -600,9 +601,9 @@ def _can_collapse() -> bool:
 
 @pytest.mark.skipif(not _can_collapse(), reason="needs Linux >= 6.1 with transparent huge pages")
 def test_ranks_start_on_huge_pages_once_the_helper_has_been_idle():
-    # Forking copies the zygote's page tables and exiting frees the rank's: on 4 KiB pages that
-    # is 6-9 ms per rank each way. Once idle, the zygote moves its memory onto 2 MiB pages.
+    # Forking copies the fork server's page tables and exiting frees the rank's: on 4 KiB pages that
+    # is 6-9 ms per rank each way. Once idle, the fork server moves its memory onto 2 MiB pages.
     distlab.launch(_pid, world_size=1, backend=None)
-    assert _zygote.get().wait_settled(timeout=120)
+    assert forkserver.get().wait_settled(timeout=120)
     huge = distlab.launch(_huge_pages_kib, world_size=2, backend=None)
     assert all(kib >= 32 * 1024 for kib in huge), huge

@@ -103,6 +103,34 @@ def test_ddp_zero1_and_fsdp_on_two_ranks_follow_the_formulas():
     assert sum(out["zero"].optimizer for out in per_rank) == 8 * PSI
 
 
+def _adam_step_measured(steps):
+    model = _model()
+    opt = torch.optim.Adam(model.parameters())
+    memory.measure(model, opt)  # before any step: no optimizer state yet
+    for _ in range(steps):
+        _step(model, opt)
+    memory.measure(model, opt)  # the last measure is the one record() keeps
+    return steps
+
+
+def test_record_keeps_each_ranks_last_measure_and_the_functions_results():
+    table = memory.record(_adam_step_measured, 2, world_size=2, title="Adam", psi=PSI)
+    assert table.results == [2, 2] and table.title == "Adam"
+    assert [(u.rank, u.optimizer) for u in table.usages] == [(0, 8 * PSI), (1, 8 * PSI)]
+    assert [table.per_param(r) for r in range(2)] == [16.0, 16.0]
+
+
+def test_record_and_collect_name_the_ranks_that_measured_nothing(cluster):
+    with pytest.raises(RuntimeError, match=r"rank\(s\) 0, 1 measured nothing while"):
+        memory.record(_model, cluster=cluster)
+    cluster.exec("from distlab import memory\nLinear = torch.nn.Linear")
+    cluster.exec("memory.measure(Linear(2, 1))", ranks=[0])
+    with pytest.raises(RuntimeError, match=r"rank\(s\) 1 have measured nothing yet"):
+        memory.collect(cluster)
+    cluster.exec("memory.measure(Linear(2, 2))", ranks=[1])
+    assert [u.params for u in memory.collect(cluster).usages] == [12, 24]
+
+
 def _usage(rank, params, grads, opt, other=16, peak=123456789):
     return memory.Usage(rank, params, grads, opt, other, params // 4, peak_rss=peak)
 

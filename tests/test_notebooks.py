@@ -20,6 +20,8 @@ import pytest
 import distlab
 from distlab import exercises as exercises_mod
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 

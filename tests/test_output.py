@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from distlab import _output
+
+pytestmark = pytest.mark.quick
 
 
 def test_output_lines_are_prefixed_and_grouped_in_rank_order():

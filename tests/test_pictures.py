@@ -7,6 +7,8 @@ import torch
 
 from distlab import pictures
 
+pytestmark = pytest.mark.quick
+
 
 def _broadcast_picture():
     return pictures.collective(

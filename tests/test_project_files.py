@@ -16,6 +16,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+pytestmark = pytest.mark.quick
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10

@@ -8,6 +8,7 @@ import time
 
 import cloudpickle
 import pytest
+from synthetic_traces import trace
 
 import distlab
 from distlab import timeline
@@ -46,11 +47,6 @@ def _trivial():
     dist.all_reduce(torch.ones(4))
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = distlab.Cluster(world_size=2, timeout=60)
-    yield c
-    c.shutdown()
 
 
 # -- with new ranks (distlab.launch) ----------------------------------------------------------
@@ -107,16 +103,6 @@ def test_merged_trace_file_is_json_with_one_process_per_rank(tmp_path):
             e["args"]["name"] for e in events if e.get("name") == "thread_name" and e["pid"] == r
         }
         assert "main" in threads
-
-
-def test_picture_has_a_lane_per_rank_and_png_bytes():
-    tl = timeline.record(_straggler, world_size=2)
-    fig = tl.figure()
-    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert labels == ["rank 0  labels", "compute", "comm", "rank 1  labels", "compute", "comm"]
-    assert tl.png().startswith(b"\x89PNG\r\n\x1a\n")
-    png, meta = tl._repr_png_()
-    assert meta["width"] > 0
 
 
 def test_recording_costs_little_time():
@@ -184,89 +170,6 @@ def test_collect_before_any_recording_says_what_to_run():
             timeline.collect(fresh)
 
 
-# -- numbers from hand-made traces (no ranks) -------------------------------------------------
-
-
-def _trace(rank, *, main=(), gloo=(), sync_end=100.0):
-    """A trace as `recording` returns it; events as (name, cat, start_us, end_us)."""
-    events = [
-        {
-            "ph": "X",
-            "cat": "user_annotation",
-            "name": "distlab:sync",
-            "tid": 1,
-            "ts": sync_end - 10,
-            "dur": 10.0,
-        }
-    ]
-    for tid, evs in ((1, main), (2, gloo)):
-        for name, cat, a, b in evs:
-            events.append({"ph": "X", "cat": cat, "name": name, "tid": tid, "ts": a, "dur": b - a})
-    return {
-        "rank": rank,
-        "world_size": 2,
-        "pid": 10 + rank,
-        "main_tid": 1,
-        "base_ns": 0,
-        "cuda": False,
-        "threads": {"1": "thread 1 (python)", "2": "thread 2 (gloo)"},
-        "events": events,
-    }
-
-
-def test_compute_comm_overlap_idle_and_wait_from_a_known_trace():
-    # Rank 0: computes 100-300 us, calls all_reduce at 150; gloo runs it 160-500 (rank 1 is
-    # late: it calls at 400). Rank 1: computes 300-400, its gloo part runs 410-500.
-    r0 = _trace(
-        0,
-        main=[("aten::mm", "cpu_op", 100, 300), ("c10d::allreduce_", "cpu_op", 150, 160)],
-        gloo=[("gloo:all_reduce", "user_annotation", 160, 500)],
-    )
-    r1 = _trace(
-        1,
-        main=[("aten::mm", "cpu_op", 300, 400), ("c10d::allreduce_", "cpu_op", 400, 410)],
-        gloo=[("gloo:all_reduce", "user_annotation", 410, 500)],
-    )
-    tl = timeline.Timeline([r0, r1])
-    us = 1e-6
-    assert tl.duration == pytest.approx(400 * us)  # from the sync's end (100) to 500
-    assert tl.compute(0) == pytest.approx(190 * us)  # 100-300 minus the call 150-160
-    assert tl.comm(0) == pytest.approx(350 * us)  # 150-500
-    assert tl.overlap(0) == pytest.approx(140 * us)  # 160-300
-    assert tl.idle(0) == pytest.approx(0.0)
-    assert tl.waits(0) == [("gloo:all_reduce", pytest.approx(250 * us))]  # 160 -> 410
-    assert tl.wait(1) == 0.0
-    assert tl.idle(1) == pytest.approx(200 * us)  # 100-300
-    assert tl.find(0, "gloo:all_reduce")[0].issued_by is None  # no label around the call
-    assert (
-        repr(tl)
-        == "Timeline: 2 ranks, CPU\nranks 0,1:\n  c10d::allreduce_\n  comm: gloo:all_reduce x1"
-    )
-
-
-def test_autograd_wrappers_are_not_compute_they_span_the_hooks_waits():
-    # A backward node's wrapper spans an FSDP-style hook that waits 200-400 for a collective.
-    main = [
-        ("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", 100, 500),
-        ("AddmmBackward0", "cpu_op", 100, 500),
-        ("aten::mm", "cpu_op", 110, 190),
-        ("c10d::_reduce_scatter_base_", "cpu_op", 195, 200),
-    ]
-    gloo = [("gloo:all_reduce", "user_annotation", 200, 400)]
-    tl = timeline.Timeline([_trace(0, main=main, gloo=gloo), _trace(1, main=main, gloo=gloo)])
-    assert [e.name for e in tl.events(0, "op")] == ["aten::mm"]
-    assert tl.compute(0) == pytest.approx(80e-6)
-    assert tl.overlap(0) == 0.0
-
-
-def test_text_folds_only_ranks_that_did_the_same():
-    a = _trace(0, main=[("fwd", "user_annotation", 100, 200), ("fwd", "user_annotation", 200, 300)])
-    b = _trace(1, main=[("bwd", "user_annotation", 100, 200)])
-    assert timeline.Timeline([a, b]).text() == (
-        "Timeline: 2 ranks, CPU\nrank 0:\n  fwd x2\n  comm: none\nrank 1:\n  bwd\n  comm: none"
-    )
-
-
 # -- errors ------------------------------------------------------------------------------------
 
 
@@ -279,7 +182,7 @@ def test_bad_input_is_refused_with_what_to_do():
         timeline.Timeline([])
     with pytest.raises(ValueError, match="trace 0 is not a distlab.timeline trace"):
         timeline.Timeline([{"events": []}])
-    tl = timeline.Timeline([_trace(0), _trace(1)])
+    tl = timeline.Timeline([trace(0), trace(1)])
     with pytest.raises(ValueError, match=r"rank 2 is not in this timeline \(ranks 0\.\.1\)"):
         tl.events(2)
     with pytest.raises(TypeError, match="rank must be an int"):

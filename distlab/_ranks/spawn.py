@@ -1,39 +1,36 @@
-"""Start a rank in a fresh interpreter (macOS, or ``start_method="spawn"``).
+"""Start each rank in a fresh interpreter (macOS, or ``start_method="spawn"``).
 
-Slower than the zygote (each rank imports torch itself, ~1.5 s), but needs no fork of a process
-that has torch loaded, which macOS does not support safely.
+Slower than the fork server (each rank imports torch itself, ~1.5 s), but needs no fork of a
+process that has torch loaded, which macOS does not support safely.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import os
 import pickle
 import subprocess
 import sys
 
-_BOOT = (
-    "import sys, json, os; sys.path[:0] = json.loads(os.environ.pop('DISTLAB_SYS_PATH'));"
-    "from distlab._spawn import entry; entry()"
-)
+from .protocol import RankSpec
+from .starter import BOOT, Starter, interpreter_env
 
 
-class Spawner:
-    """Same interface as `distlab._zygote.Zygote`: ``fork_many``, ``wait_exit``."""
+class Spawner(Starter):
+    method = "spawn"
 
     def __init__(self) -> None:
         self._procs: dict[int, subprocess.Popen] = {}
 
-    def fork_many(self, requests: list[tuple[dict, list[int]]]) -> list[int]:
-        return [self.fork(spec, fds) for spec, fds in requests]
+    def start_many(self, requests: list[tuple[RankSpec, list[int]]]) -> list[int]:
+        return [self._start(spec, fds) for spec, fds in requests]
 
-    def fork(self, spec: dict, fds: list[int]) -> int:
-        env = dict(os.environ, DISTLAB_NO_WARM="1")
-        env["DISTLAB_SYS_PATH"] = json.dumps([p for p in sys.path if p])
+    def _start(self, spec: RankSpec, fds: list[int]) -> int:
+        env = interpreter_env()
         env["DISTLAB_SPEC"] = base64.b64encode(pickle.dumps((spec, fds))).decode()
+        code = "from distlab._ranks.spawn import entry; entry()"
         proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT],
+            [sys.executable, "-c", BOOT.format(code=code)],
             pass_fds=fds,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -55,7 +52,8 @@ class Spawner:
 
 
 def entry() -> None:
+    """In the new interpreter: run the rank described by ``$DISTLAB_SPEC``."""
     spec, fds = pickle.loads(base64.b64decode(os.environ.pop("DISTLAB_SPEC")))
-    from distlab._child import rank_main
+    from .rank import rank_main
 
     os._exit(rank_main(*fds, spec))

@@ -2,8 +2,8 @@
 
 Functions and classes defined in notebook cells live in the kernel's ``__main__``, which no other
 process can import. cloudpickle sends them *by value* (their code, not their name); the rank then
-publishes them under ``__main__`` again (`distlab._child.adopt_into_main`). The cells' source text
-travels too, so a traceback or a stuck rank's stack shows the learner's own lines.
+publishes them under ``__main__`` again (`distlab._ranks.rank.adopt_into_main`). The cells'
+source text travels too, so a traceback or a stuck rank's stack shows the learner's own lines.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import linecache
 
 import cloudpickle
 
-
-class ShipError(TypeError):
-    """Something given to distlab cannot be sent to the ranks."""
+from ..errors import ShipError
 
 
 def dumps(op: str, *body: object) -> bytes:

@@ -8,7 +8,6 @@ through `RankGroup.execute`, so output, errors and clean-up behave the same ever
 from __future__ import annotations
 
 import os
-import pickle
 import secrets
 import shutil
 import signal
@@ -18,35 +17,21 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-from . import _output, _ship
-from ._child import marker
-from .errors import ClusterBroken, RankError, RankFailure, RankTimeout, order_failures
+from .. import _config, _output
+from ..errors import (
+    ClusterBroken,
+    RankError,
+    RankFailure,
+    RankTimeout,
+    exit_text,
+    order_failures,
+)
+from . import protocol, ship, starter
+from .proc import RankProcess
+from .protocol import Exit, RankSpec, Reply, Run
 
-#: Task messages bigger than this go through a file (a socket write could otherwise block).
-_INLINE_LIMIT = 64 * 1024
 #: How long a stuck rank gets to report its stack before distlab asks faulthandler instead.
 _STACK_WAIT = 1.5
-
-
-@dataclass
-class _Proc:
-    """One rank process, as the kernel sees it."""
-
-    rank: int
-    pid: int
-    ctrl: Connection
-    dbg: Connection
-    out_fd: int | None
-    buf: bytearray = field(default_factory=bytearray)  # output not yet assigned to a task
-    streamed: int = 0  # bytes of `buf` already shown live (stream mode)
-    state: str = "idle"  # idle | busy | stuck | dead
-    exitcode: int | None = None
-    last_seconds: float | None = None
-    stale: int | None = None  # id of the task a stuck rank is still running
-
-    @property
-    def alive(self) -> bool:
-        return self.state != "dead"
 
 
 @dataclass
@@ -55,7 +40,7 @@ class _Task:
     targets: list[int]
     pending: set[int]
     marker: dict[int, bytes]
-    replies: dict[int, dict] = field(default_factory=dict)
+    replies: dict[int, Reply] = field(default_factory=dict)
     failures: list[RankFailure] = field(default_factory=list)  # in time order
     outputs: dict[int, bytes] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
@@ -79,32 +64,6 @@ def loopback_interface() -> str:
     return "lo"
 
 
-def default_threads(world_size: int) -> int:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, cores // world_size)
-
-
-def _exit_text(code: int | None) -> str:
-    if code is None:
-        return "its process ended (exit status unknown)"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        extra = {
-            "SIGSEGV": " (segmentation fault: a crash inside C/C++ code)",
-            "SIGKILL": " (killed: out of memory, or someone ran kill -9)",
-            "SIGABRT": " (aborted: usually a C++ exception or assertion)",
-            "SIGBUS": " (bus error)",
-        }.get(name, "")
-        return f"killed by signal {name}{extra}"
-    return f"exited with code {code} before finishing its task"
-
-
 class RankGroup:
     """``world_size`` rank processes, started together, optionally with a process group."""
 
@@ -120,21 +79,14 @@ class RankGroup:
     ):
         self.world_size = world_size
         self.backend = backend
-        self.threads = threads or default_threads(world_size)
+        self.threads = threads or _config.default_threads(world_size)
         self.token = secrets.token_hex(6)
         self.tmpdir = tempfile.mkdtemp(prefix="distlab-")  # mode 0700: private to this user
         self.master_port = free_port()
-        self.procs: list[_Proc] = []
+        self.procs: list[RankProcess] = []
         self._next_id = 0
-        self._lines = _ship.LineShipper()
-        if start_method == "forkserver":
-            from . import _zygote
-
-            self.starter = _zygote.get()
-        else:
-            from ._spawn import Spawner
-
-            self.starter = Spawner()
+        self._lines = ship.LineShipper()
+        self.starter = starter.get(start_method)
         iface = loopback_interface()
         base_env = {
             "WORLD_SIZE": str(world_size),
@@ -152,7 +104,7 @@ class RankGroup:
         }
         self.procs = self._start(base_env, pg_timeout)  # all of them, or an error and none
 
-    def _start(self, base_env: dict[str, str], pg_timeout: float) -> list[_Proc]:
+    def _start(self, base_env: dict[str, str], pg_timeout: float) -> list[RankProcess]:
         """Create every rank's channels, then ask for all the processes at once."""
         ours, theirs, specs = [], [], []
         try:
@@ -165,19 +117,19 @@ class RankGroup:
                 theirs.append([ctrl_c.detach(), dbg_c.detach(), out_w])
                 env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
                 specs.append(
-                    {
-                        "rank": rank,
-                        "world_size": self.world_size,
-                        "backend": self.backend,
-                        "store_path": os.path.join(self.tmpdir, "store"),
-                        "pg_timeout": pg_timeout,
-                        "threads": self.threads,
-                        "token": self.token,
-                        "env": env,
-                        "cwd": os.getcwd(),
-                    }
+                    RankSpec(
+                        rank=rank,
+                        world_size=self.world_size,
+                        backend=self.backend,
+                        store_path=os.path.join(self.tmpdir, "store"),
+                        pg_timeout=pg_timeout,
+                        threads=self.threads,
+                        token=self.token,
+                        env=env,
+                        cwd=os.getcwd(),
+                    )
                 )
-            pids = self.starter.fork_many(list(zip(specs, theirs, strict=True)))
+            pids = self.starter.start_many(list(zip(specs, theirs, strict=True)))
         except BaseException:
             for ctrl_k, dbg_k, out_r in ours:
                 ctrl_k.close()
@@ -189,7 +141,9 @@ class RankGroup:
                 for fd in fds:
                     os.close(fd)
         return [
-            _Proc(rank, pid, Connection(ctrl_k.detach()), Connection(dbg_k.detach()), out_r)
+            RankProcess(
+                rank, pid, Connection(ctrl_k.detach()), Connection(dbg_k.detach()), out_r
+            )
             for rank, (pid, (ctrl_k, dbg_k, out_r)) in enumerate(zip(pids, ours, strict=True))
         ]
 
@@ -206,7 +160,7 @@ class RankGroup:
         grace: float = 0.5,
         fold: bool = False,
     ) -> list:
-        """Run ``payload`` (see `_ship`) on ``ranks``; print their output; return their values.
+        """Run ``payload`` (see `ship`) on ``ranks``; print their output; return their values.
 
         ``on_failure="kill"`` (launch): after the first failure the others get ``grace`` seconds,
         then are killed. ``"interrupt"`` (Cluster): they get an interrupt instead, so live ranks
@@ -230,7 +184,7 @@ class RankGroup:
                 "; ".join(
                     f"rank {p.rank} is stuck inside C++ since an earlier cell"
                     if p.state == "stuck"
-                    else f"rank {p.rank} is dead ({_exit_text(p.exitcode)})"
+                    else f"rank {p.rank} is dead ({exit_text(p.exitcode)})"
                     for p in broken
                 )
                 + ". Run `cluster.restart()` to start fresh ranks (their variables are lost)."
@@ -240,15 +194,9 @@ class RankGroup:
             self._next_id,
             targets,
             set(targets),
-            {r: _child_marker(self.token, self._next_id) for r in targets},
+            {r: protocol.end_marker(self.token, self._next_id) for r in targets},
         )
-        msg = {"op": "run", "id": task.id, "payload": payload, "lines": self._lines.new()}
-        data = pickle.dumps(msg)
-        if len(data) > _INLINE_LIMIT:
-            path = os.path.join(self.tmpdir, f"task-{task.id}.pkl")
-            with open(path, "wb") as f:
-                f.write(data)
-            data = pickle.dumps({"op": "file", "path": path})
+        data = protocol.encode_task(Run(task.id, payload, self._lines.new()), self.tmpdir)
         for r in targets:
             proc = self.procs[r]
             proc.buf = bytearray()
@@ -273,29 +221,32 @@ class RankGroup:
             by_fd = {p.out_fd: p for p in self.procs if p.out_fd is not None}
             for obj in wait([*by_conn, *by_fd], timeout=left):
                 if isinstance(obj, int):
-                    self._read(by_fd[obj], stream)
+                    by_fd[obj].read(stream)
                 else:
                     self._on_reply(task, by_conn[obj], stream)
 
-    def _on_reply(self, task: _Task, proc: _Proc, stream: bool) -> None:
+    def _on_reply(self, task: _Task, proc: RankProcess, stream: bool) -> None:
         try:
-            reply = pickle.loads(proc.ctrl.recv_bytes())
+            reply = protocol.decode(proc.ctrl.recv_bytes())
         except (EOFError, OSError):
             self._on_death(task, proc)
             return
-        self._take_output(task, proc, stream)
+        task.outputs[proc.rank] = proc.split_output(task.marker[proc.rank], stream)
         proc.state = "idle"
         proc.last_seconds = time.monotonic() - task.started
         task.pending.discard(proc.rank)
         task.replies[proc.rank] = reply
-        if not reply["ok"]:
-            self._fail(task, _failure(proc.rank, reply))
+        if not reply.ok:
+            f = reply.failure
+            self._fail(
+                task,
+                RankFailure(proc.rank, f.type, f.message, traceback=f.traceback, stage=f.stage),
+            )
 
-    def _on_death(self, task: _Task | None, proc: _Proc) -> None:
-        self._killpg(proc.pid)  # take down anything it started, too
+    def _on_death(self, task: _Task | None, proc: RankProcess) -> None:
+        proc.kill_tree()  # take down anything it started, too
         proc.exitcode = self.starter.wait_exit(proc.pid, 2.0)
-        while proc.out_fd is not None:  # everything it printed before dying
-            self._read(proc, stream=False)
+        proc.drain()  # everything it printed before dying
         proc.state = "dead"
         if task is None or proc.rank not in task.pending:
             return
@@ -308,7 +259,7 @@ class RankGroup:
             RankFailure(
                 proc.rank,
                 "died",
-                _exit_text(proc.exitcode),
+                exit_text(proc.exitcode),
                 stage="died",
                 exitcode=proc.exitcode,
                 output_tail=tail,
@@ -319,50 +270,6 @@ class RankGroup:
         task.failures.append(failure)
         if task.first_failure_at is None:
             task.first_failure_at = time.monotonic()
-
-    def _read(self, proc: _Proc, stream: bool) -> None:
-        if proc.out_fd is None:
-            return  # closed while this fd was waiting in a ready-list
-        try:
-            data = os.read(proc.out_fd, 65536)
-        except BlockingIOError:
-            return  # already drained (the fd was reported ready before another read emptied it)
-        except OSError:
-            data = b""
-        if not data:
-            os.close(proc.out_fd)
-            proc.out_fd = None
-            return
-        proc.buf += data
-        if stream:
-            end = proc.buf.rfind(b"\n") + 1
-            if end > proc.streamed:
-                _output.emit(
-                    _output.prefix(proc.rank, _output.decode(bytes(proc.buf[proc.streamed : end])))
-                )
-                proc.streamed = end
-
-    def _take_output(self, task: _Task, proc: _Proc, stream: bool) -> None:
-        task.outputs[proc.rank] = self._split_output(proc, task.marker[proc.rank], stream)
-
-    def _split_output(self, proc: _Proc, mark: bytes, stream: bool) -> bytes:
-        """Split off one task's output: everything up to the rank's end marker for it."""
-        deadline = time.monotonic() + 5.0
-        while mark not in proc.buf and proc.out_fd is not None and time.monotonic() < deadline:
-            if wait([proc.out_fd], timeout=0.5):
-                self._read(proc, stream=False)
-        idx = proc.buf.find(mark)
-        if idx < 0:
-            idx = len(proc.buf)
-            rest = bytearray()
-        else:
-            rest = proc.buf[idx + len(mark) :]
-        out = bytes(proc.buf[:idx])
-        if stream and proc.streamed < len(out):
-            _output.emit(_output.prefix(proc.rank, _output.decode(out[proc.streamed :])))
-        proc.buf = rest
-        proc.streamed = 0
-        return out
 
     # -- after the wait: what happened? -----------------------------------------------------------
 
@@ -406,7 +313,7 @@ class RankGroup:
         values = []
         for r in task.targets:
             try:
-                values.append(_ship.loads(task.replies[r]["value"]))
+                values.append(ship.loads(task.replies[r].value))
             except Exception as e:
                 raise RankError(
                     [
@@ -432,7 +339,7 @@ class RankGroup:
         as the learner's errors.
         """
         for r in list(task.pending):
-            self._signal(self.procs[r].pid, signal.SIGINT)
+            self.procs[r].signal(signal.SIGINT)
         n_before, first = len(task.failures), task.first_failure_at
         task.first_failure_at = None
         self.collect(task, time.monotonic() + wait_s, stream, grace=wait_s)
@@ -475,11 +382,11 @@ class RankGroup:
             if proc.state != "stuck" or not proc.ctrl.poll(0):
                 continue
             try:
-                reply = pickle.loads(proc.ctrl.recv_bytes())
+                reply = protocol.decode(proc.ctrl.recv_bytes())
             except (EOFError, OSError):
                 self._on_death(None, proc)
                 continue
-            self._split_output(proc, _child_marker(self.token, reply["id"]), stream=False)
+            proc.split_output(protocol.end_marker(self.token, reply.id), stream=False)
             proc.state = "idle"
             proc.stale = None
 
@@ -491,7 +398,7 @@ class RankGroup:
         for r in ranks:
             proc = self.procs[r]
             try:
-                proc.dbg.send_bytes(b"stack")
+                proc.dbg.send_bytes(protocol.STACK)
                 asked[proc.dbg] = proc
             except OSError:
                 pass
@@ -501,7 +408,7 @@ class RankGroup:
             fds = {p.out_fd: p for p in self.procs if p.out_fd is not None}
             for obj in wait([*asked, *fds], timeout=max(0.0, deadline - time.monotonic())):
                 if isinstance(obj, int):
-                    self._read(fds[obj], stream=False)
+                    fds[obj].read(stream=False)
                     continue
                 proc = asked.pop(obj)
                 try:
@@ -510,72 +417,33 @@ class RankGroup:
                     stacks[proc.rank] = "(the rank exited while being asked for its stack)"
         for proc in asked.values():
             # The watch thread did not answer: the main thread holds the GIL inside C code.
-            stacks[proc.rank] = self._faulthandler_stack(proc)
+            stacks[proc.rank] = proc.faulthandler_stack()
         return {r: stacks[r] for r in sorted(stacks)}
-
-    def _faulthandler_stack(self, proc: _Proc) -> str:
-        before = len(proc.buf)
-        self._signal(proc.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + 0.5
-        while time.monotonic() < deadline and proc.out_fd is not None:
-            if wait([proc.out_fd], timeout=0.1):
-                self._read(proc, stream=False)
-        dump = _output.decode(bytes(proc.buf[before:]))
-        del proc.buf[before:]
-        return (
-            "(the rank is busy inside C/C++ code holding the interpreter lock; this is "
-            "faulthandler's view, innermost call first)\n" + dump
-        )
-
-    def _signal(self, pid: int, sig: int) -> None:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-    @staticmethod
-    def _killpg(pid: int) -> None:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def kill(self, ranks: list[int] | None = None) -> None:
         """SIGKILL ranks (default: all) and everything they started; wait until they are gone."""
         procs = [p for p in self.procs if p.alive and (ranks is None or p.rank in ranks)]
         for p in procs:
-            self._killpg(p.pid)
+            p.kill_tree()
         for p in procs:
             self._reap(p)
 
-    def _reap(self, proc: _Proc) -> None:
+    def _reap(self, proc: RankProcess) -> None:
         if proc.exitcode is None:
             proc.exitcode = self.starter.wait_exit(proc.pid, 5.0)
         proc.state = "dead"
-        self._close_channels(proc)
-
-    @staticmethod
-    def _close_channels(proc: _Proc) -> None:
-        for conn in (proc.ctrl, proc.dbg):
-            conn.close()
-        if proc.out_fd is not None:
-            os.close(proc.out_fd)
-            proc.out_fd = None
+        proc.close_channels()
 
     def close(self, timeout: float = 5.0) -> None:
         """Ask live ranks to exit (destroying their process group), kill stragglers, clean up."""
         live = [p for p in self.procs if p.alive]
-        bye = pickle.dumps({"op": "exit"})
+        bye = protocol.encode(Exit())
         for p in live:
             try:
                 if p.state == "idle":
                     p.ctrl.send_bytes(bye)
                 else:
-                    self._killpg(p.pid)
+                    p.kill_tree()
             except OSError:
                 pass
         deadline = time.monotonic() + timeout
@@ -583,14 +451,14 @@ class RankGroup:
             if p.state == "idle":
                 left = max(0.0, deadline - time.monotonic())
                 if not p.ctrl.poll(left):  # EOF (the rank exited) makes the connection readable
-                    self._killpg(p.pid)
+                    p.kill_tree()
                 else:
                     while p.out_fd is not None and wait([p.out_fd], timeout=0.2):
-                        self._read(p, stream=False)
+                        p.read(stream=False)
         for p in live:
             self._reap(p)
         for p in self.procs:  # ranks that died on their own still hold kernel-side ends
-            self._close_channels(p)
+            p.close_channels()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def __del__(self):
@@ -613,17 +481,3 @@ _STUCK_HINT = (
     "never join) and cannot be interrupted. Run `cluster.restart()` to start fresh ranks; "
     "their variables are lost."
 )
-
-
-def _child_marker(token: str, task_id: int) -> bytes:
-    return marker(token, task_id)
-
-
-def _failure(rank: int, reply: dict) -> RankFailure:
-    return RankFailure(
-        rank,
-        reply["type"],
-        reply["message"],
-        traceback=reply["traceback"],
-        stage=reply["stage"],
-    )

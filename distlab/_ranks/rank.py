@@ -1,9 +1,10 @@
-"""What runs inside a rank: set up output capture, the environment and the process group, then
-serve tasks from the kernel until told to stop (or until the kernel disappears).
+"""The rank's side: set up output capture, the environment and the process group, then serve
+tasks from the kernel until told to stop (or until the kernel disappears).
 
-A rank talks to the kernel over three channels, all created by the kernel:
+A rank talks to the kernel over three channels, all created by the kernel (the messages are in
+`distlab._ranks.protocol`):
 
-* ``ctrl`` -- tasks in, results out (the main thread).
+* ``ctrl`` -- tasks in, replies out (the main thread).
 * ``dbg``  -- a watch thread: answers "where are you stuck?" with the main thread's Python stack,
   and kills the rank the moment the kernel's end closes (kernel restarted or killed).
 * ``out``  -- fds 1 and 2 are redirected here, so prints *and* C++ warnings (gloo, c10d) are caught.
@@ -16,7 +17,6 @@ import ast
 import io
 import linecache
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -24,17 +24,16 @@ import traceback
 import types
 from multiprocessing.connection import Connection
 
+from . import protocol
+from .protocol import Exit, Failure, RankSpec, Reply, Run
+
 #: Objects that must outlive `rank_main` until os._exit (see `_Rank.finish`).
 _KEEP: list = []
 
 _THIS_FILE = __file__.removesuffix("c") if __file__.endswith(".pyc") else __file__
 
 
-def marker(token: str, task_id: int) -> bytes:
-    return f"\x00distlab:{token}:{task_id}\x00".encode()
-
-
-def rank_main(ctrl_fd: int, dbg_fd: int, out_fd: int, spec: dict) -> int:
+def rank_main(ctrl_fd: int, dbg_fd: int, out_fd: int, spec: RankSpec) -> int:
     """Entry point of a rank. Returns the process exit code."""
     try:
         os.setsid()  # own process group: the kernel can kill the rank and whatever it started
@@ -54,9 +53,9 @@ def rank_main(ctrl_fd: int, dbg_fd: int, out_fd: int, spec: dict) -> int:
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=False)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    os.environ.update(spec["env"])
+    os.environ.update(spec.env)
     try:
-        os.chdir(spec["cwd"])
+        os.chdir(spec.cwd)
     except OSError:
         pass
     ctrl = Connection(ctrl_fd)
@@ -83,7 +82,8 @@ def _text_stream(fd: int) -> io.TextIOWrapper:
 
 
 def _die_with_parent() -> None:
-    """Linux: get SIGKILL when the zygote (our parent) dies. A backstop for the watch thread."""
+    """Linux: get SIGKILL when our parent (the fork server) dies. A backstop for the watch
+    thread, which macOS does not have."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -119,7 +119,7 @@ def _watch(dbg: Connection, main_ident: int) -> None:
                 os.killpg(0, signal.SIGKILL)
             finally:
                 os._exit(1)
-        if request == b"stack":
+        if request == protocol.STACK:
             frame = sys._current_frames().get(main_ident)
             text = format_stack(frame) if frame is not None else "(no Python frame)\n"
             try:
@@ -128,8 +128,13 @@ def _watch(dbg: Connection, main_ident: int) -> None:
                 pass
 
 
+_HERE = os.path.dirname(_THIS_FILE) + os.sep
+
+
 def _is_internal(filename: str) -> bool:
-    return filename == _THIS_FILE or filename.endswith(("distlab/_zygote.py", "<string>"))
+    """distlab's machinery (this package: the rank's loop, the fork server), and the ``-c``
+    command that started the interpreter."""
+    return filename.startswith(_HERE) or filename == "<string>"
 
 
 def format_stack(frame: types.FrameType) -> str:
@@ -213,10 +218,10 @@ def _has_contents(cell) -> bool:
 
 
 class _Rank:
-    def __init__(self, spec: dict, ctrl: Connection):
+    def __init__(self, spec: RankSpec, ctrl: Connection):
         self.spec = spec
         self.ctrl = ctrl
-        self.token = spec["token"]
+        self.token = spec.token
         self.initialized = False
         self.init_error: BaseException | None = None
 
@@ -228,35 +233,36 @@ class _Rank:
 
         # What a %%ranks cell can use without importing anything.
         vars(sys.modules["__main__"]).update(
-            torch=torch, dist=dist, rank=self.spec["rank"], world_size=self.spec["world_size"]
+            torch=torch, dist=dist, rank=self.spec.rank, world_size=self.spec.world_size
         )
-        threads = self.spec["threads"]
+        threads = self.spec.threads
         torch.set_num_threads(threads)
         try:
             torch.set_num_interop_threads(threads)
         except RuntimeError:
             pass  # already set (the pool starts on first use); harmless
         # torch reads TORCH_DISTRIBUTED_DEBUG once, when torch.distributed is imported: in the
-        # zygote, before this rank's env= arrived. Read it again, so env= works as under torchrun.
+        # fork server, before this rank's env= arrived. Read it again, so env= works as under
+        # torchrun.
         dist.set_debug_level_from_env()
-        backend = self.spec["backend"]
+        backend = self.spec.backend
         if backend is None:
             return
         import datetime
 
-        rank, world_size = self.spec["rank"], self.spec["world_size"]
+        rank, world_size = self.spec.rank, self.spec.world_size
         kwargs = {}
         if "nccl" in backend:
             torch.cuda.set_device(rank)
             kwargs["device_id"] = torch.device("cuda", rank)
         # A FileStore in a private directory: no listening socket for the rendezvous at all.
-        store = dist.FileStore(self.spec["store_path"], world_size)
+        store = dist.FileStore(self.spec.store_path, world_size)
         dist.init_process_group(
             backend,
             store=store,
             rank=rank,
             world_size=world_size,
-            timeout=datetime.timedelta(seconds=self.spec["pg_timeout"]),
+            timeout=datetime.timedelta(seconds=self.spec.pg_timeout),
             **kwargs,
         )
 
@@ -279,22 +285,19 @@ class _Rank:
     def serve(self) -> None:
         while True:
             try:
-                msg = pickle.loads(self.ctrl.recv_bytes())
+                msg = protocol.decode_task(self.ctrl.recv_bytes())
             except (EOFError, OSError):
                 return
             except KeyboardInterrupt:
                 continue  # an interrupt that arrived between tasks
-            if msg["op"] == "file":  # a large task comes through a file in the private temp dir
-                with open(msg["path"], "rb") as f:
-                    msg = pickle.load(f)
-            if msg["op"] == "exit":
+            if isinstance(msg, Exit):
                 return
             reply = self.run(msg)
             _flush()
-            os.write(1, marker(self.token, msg["id"]))
-            self.ctrl.send_bytes(pickle.dumps(reply))
+            os.write(1, protocol.end_marker(self.token, msg.id))
+            self.ctrl.send_bytes(protocol.encode(reply))
 
-    def run(self, msg: dict) -> dict:
+    def run(self, msg: Run) -> Reply:
         try:
             if not self.initialized:
                 self.initialized = True
@@ -304,11 +307,11 @@ class _Rank:
                     self.init_error = e
             if self.init_error is not None:
                 return self.error(msg, self.init_error, "init")
-            install_sources(msg.get("lines", {}))
+            install_sources(msg.lines)
             try:
                 import cloudpickle
 
-                kind, *body = cloudpickle.loads(msg["payload"])
+                kind, *body = cloudpickle.loads(msg.payload)
             except BaseException as e:
                 return self.error(msg, e, "load")
             value = getattr(self, "op_" + kind)(*body)
@@ -320,19 +323,17 @@ class _Rank:
             data = cloudpickle.dumps(value)
         except BaseException as e:
             return self.error(msg, e, "result")
-        return {"id": msg["id"], "ok": True, "value": data}
+        return Reply(msg.id, value=data)
 
-    def error(self, msg: dict, exc: BaseException, stage: str) -> dict:
-        tb = format_exception(exc)
-        return {
-            "id": msg["id"],
-            "ok": False,
-            "stage": stage,
-            "type": type(exc).__qualname__,
-            "module": type(exc).__module__,
-            "message": str(exc),
-            "traceback": tb,
-        }
+    def error(self, msg: Run, exc: BaseException, stage: str) -> Reply:
+        failure = Failure(
+            stage=stage,
+            type=type(exc).__qualname__,
+            module=type(exc).__module__,
+            message=str(exc),
+            traceback=format_exception(exc),
+        )
+        return Reply(msg.id, failure=failure)
 
     # -- operations (what a task can ask for) --------------------------------------------------
 

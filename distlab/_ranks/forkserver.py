@@ -1,0 +1,167 @@
+"""The kernel's handle on the fork server: one warm Python process, with torch imported, that
+forks the ranks (what runs inside it is `distlab._ranks.forkserver_main`).
+
+Why not fork the notebook kernel? The kernel runs threads (ZMQ, heartbeats, torch's own pools),
+and a fork taken while another thread holds a lock gives a child that hangs forever on that lock.
+Why not spawn a fresh interpreter per rank? Each would spend ~1.5 s importing torch.
+
+So the kernel starts the fork server once, with a clean exec, and asks it for ranks over a Unix
+socket (`distlab._ranks.protocol`). A reader thread takes every message the server sends, so
+exit reports never pile up unread.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+from ..errors import StartError
+from .protocol import Exited, Failed, Fork, Forked, RankSpec, Ready, Settled, recv, send
+from .starter import BOOT, Starter, forkserver_supported, interpreter_env
+
+
+class ForkServer(Starter):
+    """Start the fork server, ask it to fork ranks, learn how they exited."""
+
+    method = "forkserver"
+
+    def __init__(self, env: dict[str, str] | None = None):
+        self._sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        code = f"from distlab._ranks.forkserver_main import serve; serve({child_sock.fileno()})"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", BOOT.format(code=code)],
+            pass_fds=[child_sock.fileno()],
+            env=interpreter_env() if env is None else env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        child_sock.close()
+        self._cond = threading.Condition()
+        self._forked: dict[int, int] = {}
+        self._exited: dict[int, int] = {}
+        self._ready = False
+        self._settled = False
+        self._error: str | None = None
+        self._closed = False
+        self._token = 0
+        self._send_lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read_loop, name="distlab-forkserver",
+                                        daemon=True)
+        self._reader.start()
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                msg, fds = recv(self._sock)
+            except (EOFError, OSError):
+                break
+            for fd in fds:
+                os.close(fd)
+            with self._cond:
+                if isinstance(msg, Ready):
+                    self._ready = True
+                elif isinstance(msg, Settled):
+                    self._settled = True
+                elif isinstance(msg, Failed):
+                    self._error = msg.traceback
+                elif isinstance(msg, Forked):
+                    self._forked[msg.token] = msg.pid
+                elif isinstance(msg, Exited):
+                    self._exited[msg.pid] = msg.status
+                self._cond.notify_all()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._error is None and self.proc.poll() is None
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._ready or self._error or self._closed, timeout)
+            if self._ready:
+                return
+            if self._error or self._closed:
+                raise StartError(
+                    "distlab could not start its helper process (the one that imports torch "
+                    "once and forks the ranks):\n"
+                    + (self._error or f"it exited with code {self.proc.poll()}")
+                    + "\nCheck that `import torch` works in this environment."
+                )
+            raise StartError(
+                f"distlab's helper process did not finish importing torch in {timeout:.0f} s"
+            )
+
+    def wait_settled(self, timeout: float = 120.0) -> bool:
+        """Wait until the server has done its idle-time work (late imports, huge pages), so
+        that launches from now on are as fast as they get. Benchmarks and tests use this."""
+        self.wait_ready(timeout)
+        with self._cond:
+            self._cond.wait_for(lambda: self._settled or self._closed, timeout)
+            return self._settled
+
+    def start_many(
+        self, requests: list[tuple[RankSpec, list[int]]], timeout: float = 120.0
+    ) -> list[int]:
+        """All requests go out before any answer is awaited, so the server forks them back to
+        back."""
+        self.wait_ready(timeout)
+        tokens = []
+        with self._send_lock:
+            for spec, fds in requests:
+                self._token += 1
+                tokens.append(self._token)
+                send(self._sock, Fork(self._token, spec), fds)
+
+        def started() -> bool:
+            return all(t in self._forked for t in tokens)
+
+        with self._cond:
+            self._cond.wait_for(lambda: started() or self._closed, timeout)
+            if not started():
+                raise StartError(
+                    "distlab's helper process exited while starting a rank"
+                    if self._closed
+                    else "distlab's helper process did not start a rank in time"
+                )
+            return [self._forked.pop(t) for t in tokens]
+
+    def wait_exit(self, pid: int, timeout: float) -> int | None:
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._exited or self._closed, timeout)
+            if pid not in self._exited:
+                return None
+            return os.waitstatus_to_exitcode(self._exited.pop(pid))
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        finally:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+_lock = threading.Lock()
+_server: ForkServer | None = None
+
+
+def get() -> ForkServer:
+    """The shared fork server, started on first use (or restarted if it died)."""
+    global _server
+    with _lock:
+        if _server is None or not _server.alive:
+            _server = ForkServer()
+        return _server
+
+
+def warm() -> None:
+    """Start the fork server now, so torch is imported by the time the first launch needs it."""
+    if forkserver_supported():
+        get()

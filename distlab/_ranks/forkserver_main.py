@@ -1,0 +1,200 @@
+"""Inside the fork server: import torch once, then fork a rank for each request.
+
+Runs as ``python -c "...serve(fd)"``, started by `distlab._ranks.forkserver.ForkServer`, with a
+clean exec (no threads or locks inherited from the kernel). It imports `PRELOAD`, says `Ready`,
+and waits on its socket for `Fork` requests; each carries one rank's three file descriptors. The
+child of each fork becomes that rank (`distlab._ranks.rank.rank_main`). Forking a
+single-threaded process that already has torch loaded takes milliseconds.
+
+While idle it goes on warming up: it imports `LATE_PRELOAD` one module at a time, then moves its
+memory onto huge pages (`_collapse`), and says `Settled`. It reaps its children and reports their
+exit status (`Exited`), since the kernel is not their parent and cannot ``waitpid`` them. When the
+kernel goes away the socket closes and the server exits.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import select
+import signal
+import socket
+import sys
+import traceback
+
+from .protocol import Exited, Failed, Fork, Forked, Ready, Settled, recv, send
+
+#: Imported before `Ready`, so that every rank starts with them loaded.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.distributed_c10d",
+    "torch.nn",
+    "torch.nn.parallel",
+    "torch.optim",
+    "cloudpickle",
+    "distlab._ranks.rank",
+)
+
+#: Imported once the server has been idle for `_IDLE` seconds, one module at a time, until the
+#: next request comes in. Constructing DDP, FSDP or a DTensor imports torch._dynamo and friends:
+#: ~2 s per rank, 11 s when four ranks do it at once on two cores. Importing them here, after
+#: `Ready`, keeps the first launch quick and makes every later rank start warm. torch._dynamo
+#: comes first, in one piece (1.8 s): a launch that arrives meanwhile waits for it, which costs
+#: less than ranks that each import it themselves (see the history of this file for the numbers).
+LATE_PRELOAD = (
+    "torch._dynamo",
+    "torch.distributed.algorithms.ddp_comm_hooks",
+    "torch.distributed.fsdp",
+    "torch.distributed.nn",
+    "torch.distributed.rpc",
+    "torch.distributed.tensor",
+    "torch.distributed.tensor.parallel",
+)
+_IDLE = 0.3
+
+#: Linux 6.1+ `madvise(MADV_COLLAPSE)`: back a range with 2 MiB transparent huge pages, now.
+_MADV_COLLAPSE = 25
+_HUGE = 2 << 20
+
+
+def serve(sock_fd: int) -> None:
+    """Main loop of the fork server process."""
+    sock = socket.socket(fileno=sock_fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in a terminal is the kernel's business
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except BaseException:
+        send(sock, Failed(traceback.format_exc()))
+        return
+
+    # SIGCHLD wakes the select loop through a pipe, so exits are reported promptly.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    try:
+        send(sock, Ready(os.getpid()))
+        _loop(sock, wake_r, wake_w)
+    except OSError:
+        pass  # the kernel went away (e.g. `python -c "import distlab"` exited at once)
+
+
+def _loop(sock: socket.socket, wake_r: int, wake_w: int) -> None:
+    children: set[int] = set()
+    late = list(LATE_PRELOAD)
+    huge: list[int] | None = None  # 2 MiB pieces still to collapse; None: not listed yet
+    settled = False
+    while True:
+        readable, _, _ = select.select([sock, wake_r], [], [], None if settled else _IDLE)
+        if not readable:  # idle: warm up, step by step, until a request comes in
+            while late and not select.select([sock, wake_r], [], [], 0)[0]:
+                try:  # single-threaded, so forks stay safe
+                    importlib.import_module(late.pop(0))
+                except Exception:
+                    pass  # a rank that needs it will import it itself, and report any error there
+            if not late and huge is None:
+                huge = _private_memory()  # after the imports: they allocate most of it
+            if huge:
+                _collapse(huge, [sock, wake_r])
+            if not late and huge == []:
+                settled = True
+                send(sock, Settled())
+            continue
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+            _reap(sock, children)
+        if sock not in readable:
+            continue
+        try:
+            msg, fds = recv(sock)
+        except (EOFError, OSError):
+            break  # the kernel is gone; ranks notice on their own pipes and exit too
+        if not isinstance(msg, Fork):
+            for fd in fds:
+                os.close(fd)
+            continue
+        pid = os.fork()
+        if pid == 0:
+            _become_rank(sock, wake_r, wake_w, fds, msg)
+        for fd in fds:
+            os.close(fd)
+        children.add(pid)
+        send(sock, Forked(msg.token, pid))
+        _reap(sock, children)
+
+
+def _become_rank(sock, wake_r: int, wake_w: int, fds: list[int], msg: Fork) -> None:
+    """In the child of a fork: drop the server's state and run the rank. Never returns."""
+    code = 70
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sock.close()
+        os.close(wake_r)
+        os.close(wake_w)
+        from .rank import rank_main
+
+        code = rank_main(*fds, msg.spec)
+    except BaseException:
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        except BaseException:
+            pass
+    finally:
+        os._exit(code)
+
+
+def _private_memory() -> list[int]:
+    """Start addresses of the 2 MiB-aligned pieces of the server's private writable memory."""
+    pieces = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split()
+                if "w" not in fields[1] or (len(fields) > 5 and fields[5] != "[heap]"):
+                    continue  # read-only, file-backed, the stack, ...
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                pieces.extend(range(-(-start // _HUGE) * _HUGE, end // _HUGE * _HUGE, _HUGE))
+    except OSError:
+        pass
+    return pieces
+
+
+def _collapse(pieces: list[int], wake: list) -> None:
+    """Move the server's memory onto huge pages, one 2 MiB piece at a time (~8 ms each), until
+    done or a request arrives.
+
+    Forking copies the parent's page tables, and exiting frees the child's: with torch and the
+    late modules loaded that is ~200 MiB of 4 KiB pages, 6-9 ms per fork and per exit. On huge
+    pages both take 2-3 ms (measured), and a launch does one of each per rank. Where the kernel
+    cannot (older than 6.1, or THP turned off), madvise fails and nothing changes.
+    """
+    import ctypes
+
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        pieces.clear()
+        return
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    while pieces and not select.select(wake, [], [], 0)[0]:
+        madvise(pieces.pop(), _HUGE, _MADV_COLLAPSE)
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    for pid in list(children):
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            children.discard(pid)
+            continue
+        if done:
+            children.discard(pid)
+            try:
+                send(sock, Exited(pid, status))
+            except OSError:
+                pass

@@ -1,0 +1,100 @@
+"""How rank processes come into being: the interface both start paths implement, and the choice
+between them.
+
+* ``"forkserver"`` (`distlab._ranks.forkserver`, Linux): a warm helper process that has imported
+  torch forks each rank in milliseconds.
+* ``"spawn"`` (`distlab._ranks.spawn`, macOS, or when asked for): each rank is a fresh
+  interpreter.
+
+`distlab._ranks.group.RankGroup` only talks to a `Starter`, so the rest of distlab behaves the
+same whichever path started the ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from abc import ABC, abstractmethod
+
+from .protocol import RankSpec
+
+METHODS = ("forkserver", "spawn")
+
+#: Set to "spawn" (or "forkserver") to choose the start path for every launch and cluster that
+#: does not name one: ``DISTLAB_START_METHOD=spawn make test`` runs the course as a Mac would.
+ENV_VAR = "DISTLAB_START_METHOD"
+
+
+class Starter(ABC):
+    """Starts ranks and learns how they exited.
+
+    The kernel creates each rank's channels (``ctrl``, ``dbg``, ``out``; see
+    `distlab._ranks.protocol`) and hands the rank's ends over as file descriptors; the starter
+    makes a process that runs `distlab._ranks.rank.rank_main` with them and its `RankSpec`.
+    """
+
+    #: "forkserver" or "spawn"
+    method: str
+
+    @abstractmethod
+    def start_many(self, requests: list[tuple[RankSpec, list[int]]]) -> list[int]:
+        """Start one rank per ``(spec, [ctrl_fd, dbg_fd, out_fd])``; return their pids, in
+        order. The caller closes its copies of the fds afterwards. Raises
+        `distlab.errors.StartError` when the ranks cannot be started."""
+
+    @abstractmethod
+    def wait_exit(self, pid: int, timeout: float) -> int | None:
+        """Exit code of rank ``pid`` (negative: killed by that signal) once it has exited, or
+        None if it is still running after ``timeout`` seconds (or is not ours)."""
+
+
+def forkserver_supported() -> bool:
+    """Forking a process that has torch loaded is safe on Linux only (macOS's system libraries
+    do not survive a fork of a process that has used them)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+
+
+def default_method() -> str:
+    """The start path when none is named: ``$DISTLAB_START_METHOD`` if set, else the fork
+    server where it is supported, else spawn."""
+    chosen = os.environ.get(ENV_VAR, "").strip()
+    if chosen:
+        return chosen
+    return "forkserver" if forkserver_supported() else "spawn"
+
+
+def interpreter_env() -> dict[str, str]:
+    """The environment of a new interpreter that will run ranks (the fork server, or a spawned
+    rank): the kernel's, with these additions."""
+    env = dict(os.environ)
+    env["DISTLAB_NO_WARM"] = "1"  # `import distlab` there starts no helper of its own
+    env["DISTLAB_SYS_PATH"] = json.dumps([p for p in sys.path if p])  # the kernel's sys.path
+    # Import torch with small thread pools; each rank then sets its own budget.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.setdefault(var, "1")
+    # torch's Python logging (DTensor's and FSDP's warnings) starts every line with the rank, the
+    # time to the microsecond and the pid, so the same warning from four ranks is four different
+    # lines. Level, logger and message say what a learner needs, and fold into one line. It is
+    # read once, when torch is imported. Set it yourself to keep torch's own.
+    env.setdefault("TORCH_LOGS_FORMAT", "%(levelname)s %(name)s: %(message)s")
+    return env
+
+
+#: ``python -c BOOT.format(...)``: put the kernel's sys.path in place, then run distlab's code.
+BOOT = (
+    "import sys, json, os; sys.path[:0] = json.loads(os.environ.pop('DISTLAB_SYS_PATH'));"
+    "{code}"
+)
+
+
+def get(method: str) -> Starter:
+    """The starter for ``method`` (already checked by `distlab._config.check_start_method`)."""
+    if method == "forkserver":
+        from . import forkserver
+
+        return forkserver.get()
+    from .spawn import Spawner
+
+    return Spawner()

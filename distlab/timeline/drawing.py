@@ -1,0 +1,150 @@
+"""A timeline as a picture: one swim-lane per rank (labels on top, compute in the middle,
+communication below with its waits hatched), milliseconds along the bottom."""
+
+from __future__ import annotations
+
+import re
+
+from .._chart import BACKGROUND, COMM, COMPUTE, INK, LABELS, WAIT, key
+from .trace import Event
+
+_AXES_INCHES = 8.8  # width of the plot area in inches
+_CHAR_INCHES = 0.06  # width of a character at 7 pt, roughly
+
+
+def figure(timeline, device: str | None = None):
+    """`distlab.timeline.Timeline.figure` (see there)."""
+    from matplotlib.figure import Figure
+
+    device = timeline._device(device)
+    n = timeline.world_size
+    end = timeline.duration
+    bases = []  # the kinds of labels, in order of first appearance: one colour each
+    for r in range(n):
+        for e in timeline._events[r]:
+            if e.kind == "label" and e.thread == "main" and e.depth == 0:
+                if _base(e.name) not in bases:
+                    bases.append(_base(e.name))
+    label_colours = {b: LABELS[i % len(LABELS)] for i, b in enumerate(bases)}
+    key_rows = -(-len(bases) // 3)  # the colour key below the plot, three per row
+    height = 1.0 + 1.0 * n + 0.2 * key_rows
+    fig = Figure(figsize=(10, height), facecolor=BACKGROUND)
+    ax = fig.add_axes((0.1, (0.6 + 0.2 * key_rows) / height, 0.88, n / height))
+    ax.set_facecolor(BACKGROUND)
+    scale = 1e3  # seconds -> ms
+    yticks, ylabels = [], []
+    for r in range(n):
+        top = (n - 1 - r) * 1.0
+        rows = {"label": top + 0.68, "compute": top + 0.38, "comm": top + 0.08}
+        for e in timeline._events[r]:
+            if e.kind == "label" and e.thread == "main" and e.depth == 0:
+                ax.broken_barh(
+                    [(e.start * scale, e.duration * scale)],
+                    (rows["label"], 0.24),
+                    facecolors=label_colours[_base(e.name)],
+                    edgecolor=INK,
+                    linewidth=0.4,
+                )
+                _bar_text(ax, e, e.name, rows["label"], scale, end)
+        compute = timeline._compute(r, device)
+        ax.broken_barh(
+            [(a * scale, (b - a) * scale) for a, b in compute],
+            (rows["compute"], 0.24),
+            facecolors=COMPUTE,
+        )
+        transport = (
+            [e for e in timeline._events[r] if e.kind == "comm" and e.thread == "gpu"]
+            if device == "cuda"
+            else timeline._transport(r)
+        )
+        ax.broken_barh(
+            [(e.start * scale, e.duration * scale) for e in transport],
+            (rows["comm"], 0.24),
+            facecolors=COMM,
+            edgecolor=INK,
+            linewidth=0.4,
+        )
+        for e in transport:
+            _bar_text(
+                ax,
+                e,
+                e.issued_by or e.name,
+                rows["comm"],
+                scale,
+                end,
+                bbox={"facecolor": COMM, "edgecolor": "none", "pad": 0.5},
+            )
+        if device == "cpu":
+            for e, w in zip(transport, timeline._waits(r), strict=True):
+                if w:
+                    ax.broken_barh(
+                        [(e.start * scale, w * scale)],
+                        (rows["comm"], 0.24),
+                        facecolors=WAIT,
+                        hatch="///",
+                        edgecolor=INK,
+                        linewidth=0.4,
+                    )
+        yticks += [rows["label"] + 0.12, rows["compute"] + 0.12, rows["comm"] + 0.12]
+        ylabels += [f"rank {r}  labels", "compute", "comm"]
+    ax.set_yticks(yticks, ylabels, fontsize=8)
+    ax.set_ylim(0, n)
+    ax.set_xlim(0, max(end, 1e-6) * scale)
+    ax.set_xlabel("ms since the ranks met", fontsize=9)
+    ax.tick_params(axis="x", labelsize=8)
+    for r in range(1, n):
+        ax.axhline(r, color="#BBBBBB", lw=0.8)
+    key(
+        ax,
+        [
+            ("compute (PyTorch ops)", COMPUTE),
+            ("collective under way", COMM),
+            ("waiting for the last rank", WAIT, "///"),
+        ],
+    )
+    if bases:
+        key(
+            fig,
+            [(b, label_colours[b]) for b in bases],
+            above=False,
+            fontsize=7,
+            title="labels (record_function)",
+            title_fontsize=7,
+        )
+    return fig
+
+def _bar_text(
+    ax, e: Event, name: str, row: float, scale: float, total: float, **style
+) -> None:
+    """``name`` centred on the bar of event ``e`` in lane ``row``, if it fits the bar."""
+    text = _shown(name, e.duration, total)
+    if text:
+        ax.text(
+            (e.start + e.duration / 2) * scale,
+            row + 0.12,
+            text,
+            ha="center",
+            va="center",
+            fontsize=7,
+            color=INK,
+            clip_on=True,
+            **style,
+        )
+
+
+def _base(name: str) -> str:
+    """A label without its module or layer: "FSDP::pre_forward (1)" -> "FSDP::pre_forward"."""
+    return re.sub(r"\s*(?:\(\d+\)|for \S+)$", "", name)
+
+
+def _shown(text: str, duration: float, total: float) -> str | None:
+    """The text to write on a bar: ``text``, else without its "FSDP::"-like prefix, else None."""
+    for candidate in (text, re.sub(r"^\w+::", "", text)):
+        if _fits(candidate, duration, total):
+            return candidate
+    return None
+
+
+def _fits(text: str, duration: float, total: float) -> bool:
+    """Whether ``text`` at 7 pt fits inside a bar of ``duration`` on an axis ``total`` long."""
+    return total > 0 and len(text) * _CHAR_INCHES * total / _AXES_INCHES < 0.95 * duration
