@@ -44,10 +44,12 @@ def _warm_start() -> None:
     if os.environ.get("DISTLAB_NO_WARM"):
         return
     try:
-        from ._ranks import forkserver, starter
+        from ._ranks import forkserver, spawn, starter
 
         if starter.default_method() == "forkserver":
             forkserver.warm()
+        elif starter.default_method() == "spawn":
+            spawn.warm()
     except Exception:  # never break `import distlab`; launch() reports problems properly
         pass
 

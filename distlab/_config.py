@@ -47,11 +47,11 @@ def check_world_size(world_size) -> int:
     return int(world_size)
 
 
-def check_timeout(timeout) -> float:
+def check_timeout(timeout, name: str = "timeout") -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}.")
+        raise TypeError(f"{name} must be a number of seconds, got {type(timeout).__name__}.")
     if not timeout > 0:
-        raise ValueError(f"timeout must be positive (seconds), got {timeout}.")
+        raise ValueError(f"{name} must be positive (seconds), got {timeout}.")
     return float(timeout)
 
 

@@ -16,11 +16,12 @@ import atexit
 import re
 import threading
 import weakref
+from dataclasses import dataclass
 
 from . import _config, _output
 from ._ranks import ship
 from ._ranks.group import RankGroup
-from .errors import entry_point
+from .errors import DistlabError, entry_point
 
 _current: weakref.ref | None = None
 _all: weakref.WeakSet = weakref.WeakSet()
@@ -39,6 +40,15 @@ def current() -> Cluster:
             )
         cluster = max(live, key=lambda c: c._serial)
     return cluster
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One thing the learner ran on the ranks that succeeded: replayed by `Cluster.restart`."""
+
+    what: str  #: for messages: "the cell Cell In[5]", "push(lr=...)", "run(setup)"
+    payload: bytes
+    ranks: list[int]
 
 
 class PerRank(list):
@@ -76,11 +86,12 @@ class Cluster:
         fold: show lines that every rank printed alike once, as ``[ranks 0-3] ...`` (default);
             ``False`` shows every rank's full block. Per call: ``run(..., fold=)``,
             ``%%ranks --no-fold``; for the cluster: ``cluster.fold = False``.
-        start_method, env: as for `distlab.launch`.
+        start_method, env, start_timeout: as for `distlab.launch`.
 
     Raises:
         TypeError / ValueError: bad ``world_size``, ``backend`` or ``timeout`` (see launch).
         distlab.RankError: a rank failed while starting (for example NCCL could not start).
+        distlab.StartError: a rank did not start within ``start_timeout`` seconds.
 
     Each rank's namespace (used by ``%%ranks`` cells, `exec`, `push` and `pull`) starts with
     ``torch``, ``dist`` (``torch.distributed``), ``rank`` and ``world_size``.
@@ -101,6 +112,7 @@ class Cluster:
         fold: bool = True,
         start_method: str | None = None,
         env: dict[str, str] | None = None,
+        start_timeout: float = 60.0,
     ):
         self.fold = fold
         self.world_size = _config.check_world_size(world_size)
@@ -109,9 +121,11 @@ class Cluster:
         self._start_method = _config.check_start_method(start_method)
         self._threads = threads
         self._env = env
+        self._start_timeout = _config.check_timeout(start_timeout, "start_timeout")
         self._cells = 0
         self._widget = None
         self._group: RankGroup | None = None
+        self._history: list[_Step] = []
         self._start()
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -125,6 +139,7 @@ class Cluster:
             pg_timeout=self.timeout,
             start_method=self._start_method,
             env=self._env,
+            start_timeout=self._start_timeout,
         )
         try:  # initialize the process group now, so a failure shows up here
             self._group.execute(ship.dumps("call", _noop, (), {}), timeout=self.timeout)
@@ -151,14 +166,45 @@ class Cluster:
         self._refresh()
 
     @entry_point
-    def restart(self) -> None:
-        """Start fresh ranks (the old ones are killed): every rank's variables are lost."""
+    def restart(self, replay: bool = True) -> int:
+        """Start fresh ranks (the old ones are killed), and by default put back what you had
+        set up on the old ones: every ``%%ranks`` cell, `exec`, `push` and `run` that
+        succeeded is run again, in order, with its output hidden.
+
+        Args:
+            replay: False starts clean (every rank's variables are lost).
+
+        Returns:
+            How many cells and calls were run again.
+
+        Raises:
+            RuntimeError: one of them fails now (the message names it and shows why); the
+                ranks keep what the ones before it set up.
+        """
+        history = self._history if replay else []
         group, self._group = self._group, None
         if group is not None:
             group.kill()
             group.close()
-        self._cells = 0
+        self._history = []
         self._start()
+        for n, step in enumerate(history, start=1):
+            try:
+                self._group.execute(
+                    step.payload,
+                    ranks=step.ranks,
+                    timeout=self.timeout,
+                    on_failure="interrupt",
+                    show=False,
+                )
+            except DistlabError as e:
+                raise RuntimeError(
+                    f"restart() re-ran {n - 1} of {len(history)} cells and calls; {step.what} "
+                    f"failed this time:\n{e}"
+                ) from None
+            self._history.append(step)
+        self._refresh()
+        return len(history)
 
     def __enter__(self) -> Cluster:
         return self
@@ -198,14 +244,18 @@ class Cluster:
             )
         return out
 
-    def _execute(self, payload: bytes, ranks, timeout, stream: bool, fold=None) -> list:
+    def _execute(
+        self, payload: bytes, ranks, timeout, stream: bool, fold=None, what: str | None = None
+    ) -> list:
+        """Run ``payload``; with ``what`` (a description), remember it for `restart` if it
+        succeeds."""
         group = self._require_group()
         fold = self.fold if fold is None else fold
         targets = self._ranks(ranks)
         timeout = self.timeout if timeout is None else _config.check_timeout(timeout)
         self._refresh(busy=targets)
         try:
-            return group.execute(
+            values = group.execute(
                 payload,
                 ranks=targets,
                 timeout=timeout,
@@ -215,6 +265,9 @@ class Cluster:
             )
         finally:
             self._refresh()
+        if what is not None:
+            self._history.append(_Step(what, payload, targets))
+        return values
 
     @entry_point
     def run(
@@ -225,6 +278,7 @@ class Cluster:
         timeout: float | None = None,
         stream=False,
         fold: bool | None = None,
+        _record: bool = True,
         **kwargs,
     ):
         """Run ``fn(*args, **kwargs)`` on the live ranks; return one value per rank.
@@ -232,10 +286,13 @@ class Cluster:
         ``ranks`` (a rank or a list) runs it on some ranks only; the result then has one entry
         per chosen rank. Errors are those of `distlab.launch`. After a Python error the cluster
         stays usable; a rank stuck inside C++ raises `distlab.ClusterBroken` until `restart()`.
-        ``fold`` overrides the cluster's setting for this call.
+        ``fold`` overrides the cluster's setting for this call. (``_record=False``: distlab's
+        own tools, whose runs `restart` does not replay.)
         """
         _config.check_callable(fn, "Cluster.run()")
-        return self._execute(ship.dumps_call(fn, args, kwargs), ranks, timeout, stream, fold)
+        what = f"run({getattr(fn, '__name__', 'fn')})" if _record else None
+        payload = ship.dumps_call(fn, args, kwargs)
+        return self._execute(payload, ranks, timeout, stream, fold, what)
 
     @entry_point
     def exec(
@@ -258,7 +315,9 @@ class Cluster:
         payload = ship.dumps("exec", source, filename)
         targets = self._ranks(ranks)
         fold = self.fold if fold is None else fold
-        return PerRank(self._execute(payload, targets, timeout, stream, fold), targets, fold)
+        what = f"the cell {filename}"
+        values = self._execute(payload, targets, timeout, stream, fold, what)
+        return PerRank(values, targets, fold)
 
     @entry_point
     def push(self, ranks=None, **values) -> None:
@@ -270,7 +329,7 @@ class Cluster:
         except Exception:
             ship.dumps_call(_noop, (), values)  # raises an error naming the culprit
             raise
-        self._execute(payload, ranks, None, False)
+        self._execute(payload, ranks, None, False, what=f"push({', '.join(values)}=...)")
 
     @entry_point
     def pull(self, name: str, ranks=None) -> list:

@@ -14,13 +14,19 @@ from importlib import metadata
 
 @dataclass
 class Check:
-    ok: bool
+    """One line of the checklist. ``ok=None``: the check could not look (shown ``?``, never
+    ``✓``); ``required=False``: a failure is information (``–``), not a problem."""
+
+    ok: bool | None
     text: str
     fix: str = ""
     required: bool = True
 
     def line(self) -> str:
-        mark = "✓" if self.ok else ("✗" if self.required else "–")
+        if self.ok is None:
+            mark = "?"
+        else:
+            mark = "✓" if self.ok else ("✗" if self.required else "–")
         return f"{mark} {self.text}" + ("" if self.ok or not self.fix else f"\n    fix: {self.fix}")
 
 
@@ -73,37 +79,66 @@ def check_cores() -> Check:
     )
 
 
-def check_launch(world_size: int = 4) -> tuple[Check, Check]:
-    """A real launch with an all_reduce; also checks every listening socket is on loopback."""
-    from . import launch
+_PATHS = {
+    "forkserver": "forkserver: ranks forked from a helper that has imported torch",
+    "spawn": "spawn: a fresh interpreter per rank, from a pool of spares that import torch ahead",
+}
 
-    t0 = time.perf_counter()
+
+def check_launch(world_size: int = 4) -> tuple[Check, Check]:
+    """Two real launches with an all_reduce (the first starts the ranks' helper, the second,
+    after a pause, is what a learner's launch costs); also checks every listening socket is on
+    loopback."""
+    from . import _config, launch
+
     try:
+        method = _config.check_start_method(None)
+        t0 = time.perf_counter()
+        launch(_doctor_rank, world_size=world_size, backend="gloo", timeout=60)
+        first = time.perf_counter() - t0
+        time.sleep(3.0)  # what a learner spends reading: the helper (or the spares) warm up
+        t0 = time.perf_counter()
         result = launch(_doctor_rank, world_size=world_size, backend="gloo", timeout=60)
+        warm = time.perf_counter() - t0
     except Exception as e:  # report, never crash the checklist
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        fail = Check(False, f"{world_size}-rank launch failed: {first}",
+        head = str(e).splitlines()[0] if str(e) else type(e).__name__
+        fail = Check(False, f"{world_size}-rank launch failed: {head}",
                      "run `python -m distlab doctor` in a terminal and read the full error")
-        return fail, Check(False, "loopback-only sockets: not checked (launch failed)")
-    seconds = time.perf_counter() - t0
+        return fail, Check(None, "loopback-only sockets: not checked (the launch failed)")
     expected = float(sum(range(1, world_size + 1)))
     ok = [r["sum"] for r in result] == [expected] * world_size
     launched = Check(
         ok,
-        f"{world_size}-rank launch with all_reduce: {seconds:.2f} s, result "
-        f"{'correct' if ok else 'WRONG'}",
+        f"{world_size}-rank launch with all_reduce, result {'correct' if ok else 'WRONG'}: "
+        f"{warm:.2f} s (the first {first:.2f} s); start path {_PATHS[method]}",
         "a rank computed a wrong all_reduce: please report this with the output above",
     )
-    addrs = sorted({a for r in result for a in r["listening"]})
+    return launched, loopback_check([r["listening"] for r in result])
+
+
+def loopback_check(listening: list[list[str] | None]) -> Check:
+    """The verdict on the addresses each rank listened on (None: that rank could not list
+    them)."""
+    if any(x is None for x in listening):
+        blind = [r for r, x in enumerate(listening) if x is None]
+        return Check(
+            None,
+            "could not list the sockets the ranks listen on (rank(s) "
+            f"{', '.join(map(str, blind))}): loopback-only not checked",
+            "install psutil (`make lab` does); on macOS, run the doctor as the user who runs "
+            "the course",
+        )
+    addrs = sorted({a for x in listening for a in x})
     public = [a for a in addrs if not (a.startswith("127.") or a == "::1")]
-    loop = Check(
-        not public and result[0]["listening"] is not None,
+    return Check(
+        not public,
         "every socket the ranks listen on is on loopback ("
         + (", ".join(addrs) if addrs else "none")
-        + ")",
-        f"ranks listen on {', '.join(public)}: set GLOO_SOCKET_IFNAME=lo and report this",
+        + ")"
+        if not public
+        else f"ranks listen on {', '.join(public)}: reachable from the network",
+        "set GLOO_SOCKET_IFNAME=lo (and report this: distlab should have)",
     )
-    return launched, loop
 
 
 def _doctor_rank():
@@ -117,20 +152,15 @@ def _doctor_rank():
     return {"sum": t.item(), "listening": listening}
 
 
-def _listening_addresses() -> list[str]:
-    """IP addresses this process listens on (TCP), from /proc (Linux) or psutil."""
+def _listening_addresses() -> list[str] | None:
+    """IP addresses this process listens on (TCP), or None if they cannot be listed."""
     try:
         import psutil
 
-        return sorted(
-            {
-                c.laddr.ip
-                for c in psutil.Process().net_connections(kind="inet")
-                if c.status == psutil.CONN_LISTEN
-            }
-        )
-    except ImportError:
-        return []
+        conns = psutil.Process().net_connections(kind="inet")
+    except Exception:  # psutil missing, or not allowed to look (psutil.AccessDenied)
+        return None
+    return sorted({c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN})
 
 
 def check_package(dist: str, what: str) -> Check:
@@ -167,6 +197,12 @@ def run() -> int:
     print(f"distlab {__version__} doctor")
     for c in checks:
         print(c.line())
-    bad = [c for c in checks if c.required and not c.ok]
-    print("all good: you are ready for the workshop" if not bad else f"{len(bad)} problem(s) above")
+    bad = [c for c in checks if c.required and c.ok is False]
+    blind = [c for c in checks if c.ok is None]
+    if bad:
+        print(f"{len(bad)} problem(s) above")
+    elif blind:
+        print(f"no problem found, but {len(blind)} check(s) could not look (marked ?)")
+    else:
+        print("all good: you are ready for the workshop")
     return 0 if not bad else 1

@@ -117,6 +117,13 @@ def exit_text(exitcode: int | None) -> str:
     return f"exited with code {exitcode} before finishing its task"
 
 
+#: What brings a cluster back, in every message that needs it.
+RESTART = (
+    "Run `cluster.restart()`: it starts fresh ranks and re-runs the cells that set up the old "
+    "ones, so your variables come back."
+)
+
+
 @dataclass
 class RankFailure:
     """What went wrong on one rank."""
@@ -201,10 +208,7 @@ class RankError(DistlabError, RuntimeError):
             lines.append(self.stuck[r].rstrip("\n") or "(no Python stack available)")
         if self.stuck:
             lines.append("")
-            lines.append(
-                "A rank stuck in a collective cannot be interrupted. Run `cluster.restart()` to "
-                "start fresh ranks (their variables are lost)."
-            )
+            lines.append("A rank stuck in a collective cannot be interrupted. " + RESTART)
         if self.stopped:
             lines.append("")
             lines.append(

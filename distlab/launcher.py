@@ -21,6 +21,7 @@ OPTIONS = {
     "fold": True,
     "start_method": None,
     "env": None,
+    "start_timeout": 60.0,
 }
 #: Of those, the ones that also apply to a live cluster's ranks (the others set up new ranks).
 CLUSTER_OPTIONS = ("world_size", "timeout", "stream", "fold")
@@ -38,6 +39,7 @@ def launch(
     fold: bool = True,
     start_method: str | None = None,
     env: dict[str, str] | None = None,
+    start_timeout: float = 60.0,
     **kwargs,
 ) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` new processes ("ranks"); return their values.
@@ -56,8 +58,10 @@ def launch(
         backend: ``"auto"`` (NCCL+gloo if there is one CUDA GPU per rank, else gloo), ``"gloo"``,
             ``"nccl"``, ``"cpu:gloo,cuda:nccl"``, or ``None`` for no process group (to practise
             ``init_process_group`` yourself; the torchrun variables are still set).
-        timeout: seconds before the run is declared hung; then the stack of every rank that is
-            still running is shown and all ranks are stopped. Also the process group's timeout.
+        timeout: seconds ``fn`` may run before it is declared hung; then the stack of every rank
+            that is still running is shown and all ranks are stopped. It counts from when every
+            rank has started (joined the process group), so a short timeout works even where
+            ranks take a while to start. Also the process group's timeout.
         threads: CPU threads per rank (``torch.set_num_threads``, ``OMP_NUM_THREADS``); default
             cores // world_size, at least 1, so ranks do not fight over the cores.
         stream: show output lines live, as the ranks print them (lines of different ranks then
@@ -68,6 +72,8 @@ def launch(
             that has torch imported, in milliseconds) or ``"spawn"`` (a fresh interpreter per
             rank; macOS default).
         env: extra environment variables for the ranks.
+        start_timeout: seconds the ranks may take to start and meet (default 60: generous, for
+            a busy machine and the spawn path, where every rank imports torch itself).
 
     Returns:
         A list with one entry per rank: ``result[r]`` is what rank ``r`` returned.
@@ -75,7 +81,10 @@ def launch(
     Raises:
         TypeError: ``fn`` is not callable, ``world_size`` is not an int, or an argument cannot be
             pickled (the message names it; create such objects inside ``fn``).
-        ValueError: ``world_size < 1``, an unknown ``backend``, or NCCL without a GPU per rank.
+        ValueError: ``world_size < 1``, an unknown ``backend`` or ``start_method``, NCCL without
+            a GPU per rank, or a timeout that is not a positive number of seconds.
+        distlab.StartError: a rank did not start within ``start_timeout`` (the message says what
+            it was doing, with its stack), or distlab's helper process could not start.
         distlab.RankError: a rank raised or died. The root cause comes first, with its traceback
             (including your cell's lines); errors other ranks hit because of it are marked as
             consequences, and ranks still running are stopped.
@@ -86,6 +95,7 @@ def launch(
     _config.check_callable(fn)
     world_size = _config.check_world_size(world_size)
     timeout = _config.check_timeout(timeout)
+    start_timeout = _config.check_timeout(start_timeout, "start_timeout")
     backend = _config.resolve_backend(backend, world_size)
     start_method = _config.check_start_method(start_method)
     payload = ship.dumps_call(fn, args, kwargs)
@@ -97,6 +107,7 @@ def launch(
         pg_timeout=timeout,
         start_method=start_method,
         env=env,
+        start_timeout=start_timeout,
     )
     ok = False
     try:
@@ -145,7 +156,7 @@ def on_ranks(fn, args: tuple, options: dict, *, cluster=None) -> list:
             "new ranks; a cluster's ranks are already set up (give it to distlab.Cluster(...) "
             "instead)"
         )
-    return cluster.run(fn, *args, **options)
+    return cluster.run(fn, *args, _record=False, **options)
 
 
 def from_every_rank(cluster, fetch, *, missing: str) -> list:
@@ -155,7 +166,7 @@ def from_every_rank(cluster, fetch, *, missing: str) -> list:
     from . import cluster as _cluster
 
     cl = cluster if cluster is not None else _cluster.current()
-    values = cl.run(fetch)
+    values = cl.run(fetch, _record=False)
     require_every_rank(values, missing)
     return values
 

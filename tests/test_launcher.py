@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import distlab
+from distlab._config import check_start_method
 from distlab._ranks import forkserver
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -366,14 +367,19 @@ def _distlab_tmp() -> set[str]:
 
 
 def test_100_launches_leave_no_processes_fds_or_temp_files():
-    distlab.launch(_pid, world_size=2)  # the fork server and its threads exist from here on
+    # On the spawn path the pool's spares are replaced as they are used: the same number of
+    # children and descriptors, never a rank's.
+    spawn = check_start_method(None) == "spawn"
+    distlab.launch(_pid, world_size=2)  # the helper (or the spares) exist from here on
     me = psutil.Process()
-    fds, children, tmp = _open_fds(), {p.pid for p in me.children(recursive=True)}, _distlab_tmp()
+    fds, children, tmp = _open_fds(), me.children(recursive=True), _distlab_tmp()
     pids = set()
-    for _ in range(100):
+    for _ in range(10 if spawn else 100):
         pids.update(distlab.launch(_pid, world_size=2))
+    now = me.children(recursive=True)
+    assert not pids & {p.pid for p in now}, "a rank outlived its launch"
     assert _open_fds() == fds
-    assert {p.pid for p in me.children(recursive=True)} == children
+    assert len(now) == len(children) if spawn else now == children
     assert _distlab_tmp() == tmp
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
@@ -575,9 +581,10 @@ def _heavy_modules_loaded():
 def test_ranks_start_with_ddps_imports_done_once_the_helper_has_been_idle():
     # DDP, FSDP, DTensor and RPC import torch._dynamo (~2 s per rank). The fork server imports them
     # while it has nothing else to do, so ranks forked afterwards start with them loaded.
-    distlab.launch(_pid, world_size=1, backend=None)
+    fork = {"backend": None, "start_method": "forkserver"}
+    distlab.launch(_pid, world_size=1, **fork)
     assert forkserver.get().wait_settled(timeout=120)
-    loaded = distlab.launch(_heavy_modules_loaded, world_size=1, backend=None)[0]
+    loaded = distlab.launch(_heavy_modules_loaded, world_size=1, **fork)[0]
     assert loaded == ["torch._dynamo", "torch.distributed.rpc"]
 
 
@@ -603,7 +610,8 @@ def _can_collapse() -> bool:
 def test_ranks_start_on_huge_pages_once_the_helper_has_been_idle():
     # Forking copies the fork server's page tables and exiting frees the rank's: on 4 KiB pages that
     # is 6-9 ms per rank each way. Once idle, the fork server moves its memory onto 2 MiB pages.
-    distlab.launch(_pid, world_size=1, backend=None)
+    fork = {"backend": None, "start_method": "forkserver"}
+    distlab.launch(_pid, world_size=1, **fork)
     assert forkserver.get().wait_settled(timeout=120)
-    huge = distlab.launch(_huge_pages_kib, world_size=2, backend=None)
+    huge = distlab.launch(_huge_pages_kib, world_size=2, **fork)
     assert all(kib >= 32 * 1024 for kib in huge), huge

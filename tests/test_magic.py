@@ -139,7 +139,7 @@ def test_stop_button_on_a_rank_stuck_in_cpp_says_so_and_points_to_restart(nb):
     assert res.ename == "KeyboardInterrupt"
     assert "could not be interrupted" in res.text
     assert "time.sleep(30)  # stands in for C++" in res.text
-    assert "cluster.restart()" in res.text and "variables are lost" in res.text
+    assert "cluster.restart()" in res.text and "variables come back" in res.text
     res = nb.run(cell("1"))
     assert res.ename == "ClusterBroken"
     assert nb.run("cluster.restart()").error is None

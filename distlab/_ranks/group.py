@@ -18,20 +18,27 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from .. import _config, _output
+from .._readable import readable
 from ..errors import (
+    RESTART,
     ClusterBroken,
     RankError,
     RankFailure,
     RankTimeout,
+    StartError,
     exit_text,
     order_failures,
 )
 from . import protocol, ship, starter
 from .proc import RankProcess
-from .protocol import Exit, RankSpec, Reply, Run
+from .protocol import Began, Exit, RankSpec, Reply, Run, Started
 
 #: How long a stuck rank gets to report its stack before distlab asks faulthandler instead.
 _STACK_WAIT = 1.5
+#: The process group's timeout is the learner's plus this: a collective that waits for a rank
+#: that never comes is then reported by distlab, with every rank's stack, before gloo gives up
+#: (with the same limit, which of the two came first would be a matter of luck).
+PG_MARGIN = 3.0
 
 
 @dataclass
@@ -45,6 +52,8 @@ class _Task:
     outputs: dict[int, bytes] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     first_failure_at: float | None = None
+    unstarted: list[int] = field(default_factory=list)  # ranks that did not start in time
+    began: dict[int, float] = field(default_factory=dict)  # rank -> when its code began
 
 
 def free_port() -> int:
@@ -76,9 +85,12 @@ class RankGroup:
         pg_timeout: float = 60.0,
         start_method: str = "forkserver",
         env: dict[str, str] | None = None,
+        start_timeout: float = 60.0,
     ):
         self.world_size = world_size
         self.backend = backend
+        self.start_timeout = start_timeout
+        self.created = time.monotonic()
         self.threads = threads or _config.default_threads(world_size)
         self.token = secrets.token_hex(6)
         self.tmpdir = tempfile.mkdtemp(prefix="distlab-")  # mode 0700: private to this user
@@ -122,9 +134,10 @@ class RankGroup:
                         world_size=self.world_size,
                         backend=self.backend,
                         store_path=os.path.join(self.tmpdir, "store"),
-                        pg_timeout=pg_timeout,
+                        pg_timeout=pg_timeout + PG_MARGIN,
                         threads=self.threads,
                         token=self.token,
+                        start_timeout=self.start_timeout,
                         env=env,
                         cwd=os.getcwd(),
                     )
@@ -159,21 +172,38 @@ class RankGroup:
         on_failure: str = "kill",
         grace: float = 0.5,
         fold: bool = False,
+        show: bool = True,
     ) -> list:
         """Run ``payload`` (see `ship`) on ``ranks``; print their output; return their values.
 
-        ``on_failure="kill"`` (launch): after the first failure the others get ``grace`` seconds,
-        then are killed. ``"interrupt"`` (Cluster): they get an interrupt instead, so live ranks
-        survive. ``fold``: print lines that all ranks printed alike once (see `_output.render`).
-        Raises `RankError`, `RankTimeout`, or KeyboardInterrupt (after cleaning up).
+        ``timeout`` counts from when the last of ``ranks`` has started (joined the process
+        group): new ranks first get ``start_timeout`` seconds, from the group's creation, to
+        start. ``on_failure="kill"`` (launch): after the first failure the others get ``grace``
+        seconds, then are killed. ``"interrupt"`` (Cluster): they get an interrupt instead, so
+        live ranks survive. ``fold``: print lines that all ranks printed alike once (see
+        `_output.render`); ``show=False`` prints nothing of theirs. Raises `RankError`,
+        `RankTimeout`, `StartError`, or KeyboardInterrupt (after cleaning up).
         """
         task = self.submit(payload, ranks)
         try:
-            self.collect(task, task.started + timeout, stream, grace)
+            if self._waiting_to_start(task):
+                deadline = self.created + self.start_timeout
+                self.collect(task, deadline, stream, grace, until=self._started(task))
+                task.unstarted = self._waiting_to_start(task)
+                self.starter.started()
+            if not task.unstarted:
+                # Loading the task (unpickling it imports what the function refers to) is not
+                # the learner's code either: the timeout counts from when every rank began.
+                self.collect(
+                    task, time.monotonic() + self.start_timeout, stream, grace,
+                    until=lambda: all(r in task.began for r in task.pending),
+                )  # fmt: skip
+                began = max([task.started, *task.began.values()])
+                self.collect(task, began + timeout, stream, grace)
         except KeyboardInterrupt:
             self.after_interrupt(task, on_failure, stream, fold)
             raise
-        return self.finish(task, timeout, stream, on_failure, fold)
+        return self.finish(task, timeout, stream and show, on_failure, fold, show)
 
     def submit(self, payload: bytes, ranks: list[int] | None = None) -> _Task:
         targets = list(range(self.world_size)) if ranks is None else list(ranks)
@@ -187,7 +217,8 @@ class RankGroup:
                     else f"rank {p.rank} is dead ({exit_text(p.exitcode)})"
                     for p in broken
                 )
-                + ". Run `cluster.restart()` to start fresh ranks (their variables are lost)."
+                + ". "
+                + RESTART
             )
         self._next_id += 1
         task = _Task(
@@ -208,9 +239,20 @@ class RankGroup:
                 self._on_death(task, proc)
         return task
 
-    def collect(self, task: _Task, deadline: float, stream: bool, grace: float) -> None:
-        """Wait for replies until all are in, ``deadline`` passes, or the grace after a failure."""
-        while task.pending:
+    def _waiting_to_start(self, task: _Task) -> list[int]:
+        return [
+            r for r in task.targets if self.procs[r].started_at is None and self.procs[r].alive
+        ]
+
+    def _started(self, task: _Task):
+        return lambda: not self._waiting_to_start(task)
+
+    def collect(
+        self, task: _Task, deadline: float, stream: bool, grace: float, until=None
+    ) -> None:
+        """Wait for replies until all are in, ``deadline`` passes, the grace after a failure
+        ends, or ``until()`` is true."""
+        while task.pending and not (until is not None and until()):
             limit = deadline
             if task.first_failure_at is not None:
                 limit = min(deadline, task.first_failure_at + grace)
@@ -230,6 +272,12 @@ class RankGroup:
             reply = protocol.decode(proc.ctrl.recv_bytes())
         except (EOFError, OSError):
             self._on_death(task, proc)
+            return
+        if isinstance(reply, Started):
+            proc.started_at = time.monotonic()
+            return
+        if isinstance(reply, Began):
+            task.began[proc.rank] = time.monotonic()
             return
         task.outputs[proc.rank] = proc.split_output(task.marker[proc.rank], stream)
         proc.state = "idle"
@@ -274,8 +322,16 @@ class RankGroup:
     # -- after the wait: what happened? -----------------------------------------------------------
 
     def finish(
-        self, task: _Task, timeout: float, stream: bool, on_failure: str, fold: bool = False
+        self,
+        task: _Task,
+        timeout: float,
+        stream: bool,
+        on_failure: str,
+        fold: bool = False,
+        show: bool = True,
     ) -> list:
+        if task.unstarted and not task.failures:
+            raise self._start_error(task)
         stuck: dict[int, str] = {}
         stopped: list[int] = []
         hint = ""
@@ -297,7 +353,7 @@ class RankGroup:
                 hint = _STUCK_HINT if still else _RECOVERED_HINT
         for r in pending:
             task.outputs.setdefault(r, bytes(self.procs[r].buf))
-        if not stream:
+        if show and not stream:
             _output.emit(
                 _output.render(
                     {r: _output.decode(task.outputs.get(r, b"")) for r in task.targets}, fold
@@ -379,30 +435,59 @@ class RankGroup:
         """Ranks marked stuck that have since finished (e.g. a collective timed out in C++)
         become usable again; their late output is dropped."""
         for proc in self.procs:
-            if proc.state != "stuck" or not proc.ctrl.poll(0):
-                continue
-            try:
-                reply = protocol.decode(proc.ctrl.recv_bytes())
-            except (EOFError, OSError):
-                self._on_death(None, proc)
-                continue
-            proc.split_output(protocol.end_marker(self.token, reply.id), stream=False)
-            proc.state = "idle"
-            proc.stale = None
+            while proc.state == "stuck" and proc.ctrl.poll(0):
+                try:
+                    reply = protocol.decode(proc.ctrl.recv_bytes())
+                except (EOFError, OSError):
+                    self._on_death(None, proc)
+                    break
+                if not isinstance(reply, Reply):
+                    continue  # the Began of the task it was stuck in
+                proc.split_output(protocol.end_marker(self.token, reply.id), stream=False)
+                proc.state = "idle"
+                proc.stale = None
+
+    def _start_error(self, task: _Task) -> StartError:
+        """Ranks that did not start in time: what each was doing, with its stack; all ranks are
+        killed (a group whose ranks never met cannot run anything)."""
+        phases = self._ask(task.unstarted, protocol.PHASE)
+        stacks = self.stacks([r for r in task.unstarted if r in phases])
+        self.kill()
+        lines = []
+        for r in task.unstarted:
+            doing = phases.get(r, "starting its Python interpreter (it had not reached distlab's "
+                               "code yet)")
+            lines.append(f"rank {r} did not start within {self.start_timeout:g} s: it was still "
+                         f"{doing}.")
+        for ranks, stack in _output.group_alike({r: _innermost(s) for r, s in stacks.items()}):
+            who = _output.tag(ranks)[1:-1]
+            lines += ["", f"--- {who}: innermost calls (most recent call last) ---", stack]
+        started = [r for r in task.targets if r not in task.unstarted]
+        if started:
+            lines += ["", "Started in time: " + ", ".join(f"rank {r}" for r in started) + "."]
+        lines += [
+            "",
+            "Starting takes longer on a busy machine, and where ranks start as fresh interpreters "
+            "(macOS, or DISTLAB_START_METHOD=spawn) each imports torch first. Pass "
+            f"start_timeout= (now {self.start_timeout:g} s) to launch or Cluster to give them "
+            "more time.",
+        ]
+        return StartError(readable("\n".join(lines)))
 
     # -- inspecting and stopping ranks ------------------------------------------------------------
 
-    def stacks(self, ranks: list[int]) -> dict[int, str]:
-        """The main-thread Python stack of each rank in ``ranks`` (they must be alive)."""
+    def _ask(self, ranks: list[int], request: bytes) -> dict[int, str]:
+        """Send ``request`` to each rank's watch thread; its answers by rank, for those that
+        answered within `_STACK_WAIT` seconds (keeping their output flowing meanwhile)."""
         asked = {}
         for r in ranks:
             proc = self.procs[r]
             try:
-                proc.dbg.send_bytes(protocol.STACK)
+                proc.dbg.send_bytes(request)
                 asked[proc.dbg] = proc
             except OSError:
                 pass
-        stacks: dict[int, str] = {}
+        answers: dict[int, str] = {}
         deadline = time.monotonic() + _STACK_WAIT
         while asked and time.monotonic() < deadline:
             fds = {p.out_fd: p for p in self.procs if p.out_fd is not None}
@@ -412,12 +497,19 @@ class RankGroup:
                     continue
                 proc = asked.pop(obj)
                 try:
-                    stacks[proc.rank] = _output.decode(obj.recv_bytes())
+                    answers[proc.rank] = _output.decode(obj.recv_bytes())
                 except (EOFError, OSError):
-                    stacks[proc.rank] = "(the rank exited while being asked for its stack)"
-        for proc in asked.values():
-            # The watch thread did not answer: the main thread holds the GIL inside C code.
-            stacks[proc.rank] = proc.faulthandler_stack()
+                    answers[proc.rank] = "(the rank exited while being asked)"
+        return answers
+
+    def stacks(self, ranks: list[int]) -> dict[int, str]:
+        """The main-thread Python stack of each rank in ``ranks`` (they must be alive and have
+        reached distlab's code: faulthandler answers for a rank whose watch thread cannot)."""
+        stacks = self._ask(ranks, protocol.STACK)
+        for r in ranks:
+            if r not in stacks:
+                # The watch thread did not answer: the main thread holds the GIL inside C code.
+                stacks[r] = self.procs[r].faulthandler_stack()
         return {r: stacks[r] for r in sorted(stacks)}
 
     def kill(self, ranks: list[int] | None = None) -> None:
@@ -478,6 +570,15 @@ _RECOVERED_HINT = (
 
 _STUCK_HINT = (
     "These ranks are stuck inside C++ (typically a collective waiting for a rank that will "
-    "never join) and cannot be interrupted. Run `cluster.restart()` to start fresh ranks; "
-    "their variables are lost."
+    "never join) and cannot be interrupted. " + RESTART
 )
+
+
+def _innermost(stack: str, frames: int = 4) -> str:
+    """The last ``frames`` frames of a formatted stack (two lines each, as traceback formats
+    them): where a rank that has not started yet is, without the imports that led there."""
+    lines = stack.rstrip("\n").splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    if len(starts) <= frames:
+        return "\n".join(lines)
+    return "  ...\n" + "\n".join(lines[starts[-frames] :])

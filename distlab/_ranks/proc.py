@@ -29,6 +29,7 @@ class RankProcess:
     exitcode: int | None = None
     last_seconds: float | None = None
     stale: int | None = None  # id of the task a stuck rank is still running
+    started_at: float | None = None  # when it said it had started (joined the process group)
 
     @property
     def alive(self) -> bool:

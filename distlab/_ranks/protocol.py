@@ -6,11 +6,15 @@ one pickled message per ``send_bytes``):
     kernel -> rank   Run(id, payload, lines)   run a task (payload: see `distlab._ranks.ship`)
                      RunFile(path)             the same, too large for the socket: read the file
                      Exit()                    destroy the process group and exit
-    rank -> kernel   Reply(id, ok, value | error)   after every task
+    rank -> kernel   Started()                 once, when it is set up (process group joined,
+                                               or failed to: the first Reply then says why)
+                     Began(id)                 once it has loaded a task and runs its code
+                     Reply(id, ok, value | error)   after every task
 
 After each task the rank also writes `end_marker(token, id)` to its output pipe (fds 1 and 2), so
 the kernel knows where that task's printed output ends. Over the ``dbg`` connection the kernel
-sends `STACK` and the rank's watch thread answers with its main thread's stack (text).
+sends `STACK` and the rank's watch thread answers with its main thread's stack (text), or
+`PHASE` and it answers what the rank is doing while it starts ("importing torch", ...).
 
 Kernel <-> fork server, over a ``SOCK_SEQPACKET`` Unix socket (`send` / `recv`; a rank's three
 file descriptors travel with `Fork` as SCM_RIGHTS):
@@ -41,6 +45,7 @@ class RankSpec:
     pg_timeout: float  #: seconds, the process group's timeout
     threads: int  #: torch threads (and OMP/MKL) for this rank
     token: str  #: this group's secret, part of every end marker
+    start_timeout: float = 60.0  #: seconds the ranks may take to meet (init_process_group)
     env: dict[str, str] = field(default_factory=dict)  #: set in os.environ before anything runs
     cwd: str = "."
 
@@ -66,6 +71,16 @@ class Exit:
 
 
 @dataclass(frozen=True)
+class Started:
+    pass
+
+
+@dataclass(frozen=True)
+class Began:
+    id: int
+
+
+@dataclass(frozen=True)
 class Failure:
     """What went wrong on a rank while running a task, as plain strings."""
 
@@ -88,6 +103,7 @@ class Reply:
 
 
 STACK = b"stack"  #: kernel -> rank's watch thread: "where is your main thread?"
+PHASE = b"phase"  #: kernel -> rank's watch thread: "what are you doing while you start?"
 
 #: A task message bigger than this goes through a file (a socket write could otherwise block).
 INLINE_LIMIT = 64 * 1024

@@ -25,12 +25,15 @@ import types
 from multiprocessing.connection import Connection
 
 from . import protocol
-from .protocol import Exit, Failure, RankSpec, Reply, Run
+from .protocol import Began, Exit, Failure, RankSpec, Reply, Run, Started
 
 #: Objects that must outlive `rank_main` until os._exit (see `_Rank.finish`).
 _KEEP: list = []
 
 _THIS_FILE = __file__.removesuffix("c") if __file__.endswith(".pyc") else __file__
+
+#: What the rank is doing while it starts, for the kernel's "did not start in time" report.
+_phase = "starting"
 
 
 def rank_main(ctrl_fd: int, dbg_fd: int, out_fd: int, spec: RankSpec) -> int:
@@ -67,6 +70,8 @@ def rank_main(ctrl_fd: int, dbg_fd: int, out_fd: int, spec: RankSpec) -> int:
 
     rank = _Rank(spec, ctrl)
     try:
+        rank.start()
+        ctrl.send_bytes(protocol.encode(Started()))
         rank.serve()
     finally:
         rank.finish()
@@ -82,9 +87,11 @@ def _text_stream(fd: int) -> io.TextIOWrapper:
 
 
 def _die_with_parent() -> None:
-    """Linux: get SIGKILL when our parent (the fork server) dies. A backstop for the watch
-    thread, which macOS does not have."""
-    if not sys.platform.startswith("linux"):
+    """Linux: get SIGKILL when our parent (the fork server, or on the spawn path the kernel)
+    dies. A backstop for the watch thread, which macOS does not have.
+    ``DISTLAB_NO_PDEATHSIG=1`` leaves the watch thread as the only lifeline, as on macOS (the
+    tests use it to check that lifeline alone)."""
+    if not sys.platform.startswith("linux") or os.environ.get("DISTLAB_NO_PDEATHSIG"):
         return
     try:
         import ctypes
@@ -119,7 +126,12 @@ def _watch(dbg: Connection, main_ident: int) -> None:
                 os.killpg(0, signal.SIGKILL)
             finally:
                 os._exit(1)
-        if request == protocol.STACK:
+        if request == protocol.PHASE:
+            try:
+                dbg.send_bytes(_phase.encode())
+            except OSError:
+                pass
+        elif request == protocol.STACK:
             frame = sys._current_frames().get(main_ident)
             text = format_stack(frame) if frame is not None else "(no Python frame)\n"
             try:
@@ -138,7 +150,13 @@ def _is_internal(filename: str) -> bool:
 
 
 def format_stack(frame: types.FrameType) -> str:
-    entries = [fs for fs in traceback.extract_stack(frame) if not _is_internal(fs.filename)]
+    """The stack of ``frame``, outermost first, without distlab's frames and the import
+    machinery's (``<frozen importlib._bootstrap>``: a rank importing torch shows the modules)."""
+    entries = [
+        fs
+        for fs in traceback.extract_stack(frame)
+        if not _is_internal(fs.filename) and not fs.filename.startswith("<frozen ")
+    ]
     return "".join(traceback.format_list(entries))
 
 
@@ -222,12 +240,22 @@ class _Rank:
         self.spec = spec
         self.ctrl = ctrl
         self.token = spec.token
-        self.initialized = False
         self.init_error: BaseException | None = None
 
     # -- set-up ------------------------------------------------------------------------------
 
+    def start(self) -> None:
+        """Set up; an error is kept and reported in the reply to every task (stage "init")."""
+        global _phase
+        try:
+            self.setup()
+        except BaseException as e:
+            self.init_error = e
+        _phase = "running"
+
     def setup(self) -> None:
+        global _phase
+        _phase = "importing torch"
         import torch
         import torch.distributed as dist
 
@@ -257,14 +285,18 @@ class _Rank:
             kwargs["device_id"] = torch.device("cuda", rank)
         # A FileStore in a private directory: no listening socket for the rendezvous at all.
         store = dist.FileStore(self.spec.store_path, world_size)
+        _phase = "waiting for the other ranks in init_process_group"
+        # Meeting may take longer than the learner's timeout (a fresh interpreter imports torch
+        # while the others wait): meet with the start limit, then use the learner's timeout.
+        timeout = datetime.timedelta(seconds=self.spec.pg_timeout)
+        meet = max(timeout, datetime.timedelta(seconds=self.spec.start_timeout))
         dist.init_process_group(
-            backend,
-            store=store,
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=self.spec.pg_timeout),
-            **kwargs,
+            backend, store=store, rank=rank, world_size=world_size, timeout=meet, **kwargs
         )
+        set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # private, 2.2+
+        if meet != timeout and set_timeout is not None:
+            set_timeout(timeout)
+            store.set_timeout(timeout)
 
     def finish(self) -> None:
         try:
@@ -299,12 +331,6 @@ class _Rank:
 
     def run(self, msg: Run) -> Reply:
         try:
-            if not self.initialized:
-                self.initialized = True
-                try:
-                    self.setup()
-                except BaseException as e:
-                    self.init_error = e
             if self.init_error is not None:
                 return self.error(msg, self.init_error, "init")
             install_sources(msg.lines)
@@ -314,6 +340,7 @@ class _Rank:
                 kind, *body = cloudpickle.loads(msg.payload)
             except BaseException as e:
                 return self.error(msg, e, "load")
+            self.ctrl.send_bytes(protocol.encode(Began(msg.id)))
             value = getattr(self, "op_" + kind)(*body)
         except BaseException as e:  # noqa: BLE001 -- the learner's error, KeyboardInterrupt too
             return self.error(msg, e, "raised")

@@ -1,43 +1,123 @@
-"""Start each rank in a fresh interpreter (macOS, or ``start_method="spawn"``).
+"""Start each rank in a fresh interpreter (macOS, or ``start_method="spawn"``), from a pool of
+spares that have imported torch already.
 
-Slower than the fork server (each rank imports torch itself, ~1.5 s), but needs no fork of a
-process that has torch loaded, which macOS does not support safely.
+A fresh interpreter spends about a second importing torch, which the fork server avoids by
+forking ranks from one process that has imported it. macOS does not support forking a process
+that has loaded its system libraries (torch loads Accelerate and Metal), so there every rank is a
+new interpreter. To keep a launch quick anyway, distlab keeps *spares*: interpreters started
+ahead of time that import torch and then wait on a Unix socket. A launch hands each rank's
+`RankSpec` and its three file descriptors to a spare (the same SCM_RIGHTS passing the fork server
+uses), which becomes that rank; new spares are started as soon as those ranks have met, so they
+are ready again by the time a learner has read the next cell. A spare is used once: a process
+that has run a rank is never reused (torch and Python keep state a fresh rank must not see,
+warnings shown once among it). Without a spare ready, a new interpreter is started and given its
+rank at once.
+
+The pool holds as many spares as the largest launch asked for lately, at most `MAX_SPARES`, and
+they exit when the kernel does (their socket closes).
 """
 
 from __future__ import annotations
 
-import base64
+import atexit
 import os
-import pickle
+import socket
 import subprocess
 import sys
+import threading
+from collections import deque
 
-from .protocol import RankSpec
+from ..errors import StartError
+from .protocol import RankSpec, recv, send
 from .starter import BOOT, Starter, interpreter_env
+
+#: Most spares kept ready: each holds torch in memory (~200 MiB of its own).
+MAX_SPARES = 4
+#: Spares kept before any launch has asked for more (a notebook's first launch).
+FIRST_SPARES = 2
+
+#: What a spare imports before it waits: what every rank needs (as the fork server's PRELOAD).
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.distributed_c10d",
+    "torch.nn",
+    "torch.nn.parallel",
+    "torch.optim",
+    "cloudpickle",
+    "distlab._ranks.rank",
+)
+
+
+class _Spare:
+    """One interpreter waiting to become a rank, and the kernel's end of its socket."""
+
+    def __init__(self) -> None:
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        code = f"from distlab._ranks.spawn import spare_main; spare_main({theirs.fileno()})"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", BOOT.format(code=code)],
+            pass_fds=[theirs.fileno()],
+            env=interpreter_env(),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        theirs.close()
+
+    def give(self, spec: RankSpec, fds: list[int]) -> None:
+        """Make it rank ``spec.rank`` (it may still be importing: it reads this afterwards)."""
+        send(self.sock, (spec, len(fds)), fds)
+        self.sock.close()
 
 
 class Spawner(Starter):
     method = "spawn"
 
     def __init__(self) -> None:
+        self._spares: deque[_Spare] = deque()
         self._procs: dict[int, subprocess.Popen] = {}
+        self._want = FIRST_SPARES
+        self._lock = threading.Lock()
+
+    def warm(self) -> None:
+        """Start spares up to the pool's size (``import distlab`` does, on the spawn path)."""
+        with self._lock:
+            self._refill()
 
     def start_many(self, requests: list[tuple[RankSpec, list[int]]]) -> list[int]:
-        return [self._start(spec, fds) for spec, fds in requests]
+        with self._lock:
+            self._want = min(MAX_SPARES, max(self._want, len(requests)))
+            pids = []
+            for spec, fds in requests:
+                spare = self._take()
+                try:
+                    spare.give(spec, fds)
+                except OSError as e:
+                    spare.proc.kill()
+                    raise StartError(
+                        f"distlab could not start rank {spec.rank} in a new Python interpreter: "
+                        f"{e}"
+                    ) from None
+                self._procs[spare.proc.pid] = spare.proc
+                pids.append(spare.proc.pid)
+            return pids
 
-    def _start(self, spec: RankSpec, fds: list[int]) -> int:
-        env = interpreter_env()
-        env["DISTLAB_SPEC"] = base64.b64encode(pickle.dumps((spec, fds))).decode()
-        code = "from distlab._ranks.spawn import entry; entry()"
-        proc = subprocess.Popen(
-            [sys.executable, "-c", BOOT.format(code=code)],
-            pass_fds=fds,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        self._procs[proc.pid] = proc
-        return proc.pid
+    def started(self) -> None:
+        """New spares import torch once the ranks have met, so they do not slow them down."""
+        with self._lock:
+            self._refill()
+
+    def _take(self) -> _Spare:
+        while self._spares:
+            spare = self._spares.popleft()
+            if spare.proc.poll() is None:
+                return spare
+            spare.sock.close()  # it died (killed from outside): never mind it
+        return _Spare()
+
+    def _refill(self) -> None:
+        while len(self._spares) < self._want:
+            self._spares.append(_Spare())
 
     def wait_exit(self, pid: int, timeout: float) -> int | None:
         proc = self._procs.get(pid)
@@ -50,10 +130,53 @@ class Spawner(Starter):
         del self._procs[pid]
         return code
 
+    def close(self) -> None:
+        """Stop the spares (they hold nothing yet: no need to wait for their imports)."""
+        with self._lock:
+            while self._spares:
+                spare = self._spares.popleft()
+                spare.sock.close()
+                spare.proc.kill()
+                spare.proc.wait()
 
-def entry() -> None:
-    """In the new interpreter: run the rank described by ``$DISTLAB_SPEC``."""
-    spec, fds = pickle.loads(base64.b64decode(os.environ.pop("DISTLAB_SPEC")))
+
+_lock = threading.Lock()
+_spawner: Spawner | None = None
+
+
+def get() -> Spawner:
+    """The shared pool of spares (created on first use)."""
+    global _spawner
+    with _lock:
+        if _spawner is None:
+            _spawner = Spawner()
+            atexit.register(_spawner.close)
+        return _spawner
+
+
+def warm() -> None:
+    """Start the first spares now, so the first launch finds torch imported."""
+    get().warm()
+
+
+def spare_main(sock_fd: int) -> None:
+    """In a spare: import what ranks need, wait to be given a rank, then be it."""
+    import importlib
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in a terminal is the kernel's
+    sock = socket.socket(fileno=sock_fd)
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            break  # the rank will import it itself and report the error where it is seen
+    try:
+        (spec, _n), fds = recv(sock)
+    except (EOFError, OSError):
+        os._exit(0)  # the kernel has gone, or let the spare go
+    sock.close()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from .rank import rank_main
 
     os._exit(rank_main(*fds, spec))

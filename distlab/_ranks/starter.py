@@ -4,7 +4,7 @@ between them.
 * ``"forkserver"`` (`distlab._ranks.forkserver`, Linux): a warm helper process that has imported
   torch forks each rank in milliseconds.
 * ``"spawn"`` (`distlab._ranks.spawn`, macOS, or when asked for): each rank is a fresh
-  interpreter.
+  interpreter, taken from a pool of spares that have imported torch while the learner read.
 
 `distlab._ranks.group.RankGroup` only talks to a `Starter`, so the rest of distlab behaves the
 same whichever path started the ranks.
@@ -48,6 +48,10 @@ class Starter(ABC):
     def wait_exit(self, pid: int, timeout: float) -> int | None:
         """Exit code of rank ``pid`` (negative: killed by that signal) once it has exited, or
         None if it is still running after ``timeout`` seconds (or is not ours)."""
+
+    def started(self) -> None:  # noqa: B027 -- most starters have nothing to do then
+        """The ranks last asked for have all started (or failed to): a starter may now do its
+        background work without slowing their start."""
 
 
 def forkserver_supported() -> bool:
@@ -95,6 +99,6 @@ def get(method: str) -> Starter:
         from . import forkserver
 
         return forkserver.get()
-    from .spawn import Spawner
+    from . import spawn
 
-    return Spawner()
+    return spawn.get()

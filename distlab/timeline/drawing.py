@@ -75,16 +75,15 @@ def figure(timeline, device: str | None = None):
                 bbox={"facecolor": COMM, "edgecolor": "none", "pad": 0.5},
             )
         if device == "cpu":
-            for e, w in zip(transport, timeline._waits(r), strict=True):
-                if w:
-                    ax.broken_barh(
-                        [(e.start * scale, w * scale)],
-                        (rows["comm"], 0.24),
-                        facecolors=WAIT,
-                        hatch="///",
-                        edgecolor=INK,
-                        linewidth=0.4,
-                    )
+            waited = [x for _, iv in timeline._wait_intervals(r) for x in iv]
+            ax.broken_barh(
+                [(a * scale, (b - a) * scale) for a, b in waited],
+                (rows["comm"], 0.24),
+                facecolors=WAIT,
+                hatch="///",
+                edgecolor=INK,
+                linewidth=0.4,
+            )
         yticks += [rows["label"] + 0.12, rows["compute"] + 0.12, rows["comm"] + 0.12]
         ylabels += [f"rank {r}  labels", "compute", "comm"]
     ax.set_yticks(yticks, ylabels, fontsize=8)

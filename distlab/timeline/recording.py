@@ -14,7 +14,7 @@ import tempfile
 import threading
 
 from .._config import process_group_rank
-from .trace import SYNC
+from .trace import SYNC, WAIT
 
 _active: _Recording | None = None  #: the recording running on this rank, if any
 _last: dict | None = None  #: the trace of this rank's last recording (what `collect` fetches)
@@ -65,6 +65,7 @@ class _Recording:
         )
         self._prof.__enter__()
         _active = self
+        _record_waits(True)
         try:
             if self._sync:
                 _meet()
@@ -85,9 +86,41 @@ class _Recording:
                 torch.cuda.synchronize()
         finally:
             _active = None
+            _record_waits(False)
             self._prof.__exit__(None, None, None)
         self.trace = _export(self._prof, self._cuda)
         _last = self.trace
+
+
+_UNPATCHED: dict = {}
+
+
+def _record_waits(on: bool) -> None:
+    """While recording, every ``wait()`` on a collective's `Work` or a `torch.futures.Future`
+    called from Python is recorded as a ``distlab:wait`` region. The profiler does not record
+    them itself, and without them the time a thread sits blocked inside an op (a hook doing a
+    blocking all_reduce inside ``AccumulateGrad``) would count as compute. Waits in C++ (DDP's
+    Reducer) happen outside any op and need no marking."""
+    import torch
+    import torch.distributed as dist
+    from torch.autograd.profiler import record_function
+
+    classes = [torch.futures.Future]
+    if dist.is_available():
+        classes.append(dist.distributed_c10d.Work)
+    for cls in classes:
+        if not on:
+            if cls in _UNPATCHED:
+                cls.wait = _UNPATCHED.pop(cls)
+            continue
+        original = cls.wait
+        _UNPATCHED[cls] = original
+
+        def wait(self, *args, _original=original, **kwargs):
+            with record_function(WAIT):
+                return _original(self, *args, **kwargs)
+
+        cls.wait = wait
 
 
 def recording(*, sync: bool = True, cuda: bool | None = None) -> _Recording:

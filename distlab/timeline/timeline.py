@@ -122,8 +122,9 @@ class Timeline(Chart):
         return metrics.comm(self._events[rank], device)
 
     def compute(self, rank: int, device: str | None = None) -> float:
-        """Seconds ``rank`` spent in PyTorch ops that are not communication (on the GPU: in
-        kernels that are not NCCL). ``device``: "cpu" or "cuda" (default: "cuda" when the
+        """Seconds ``rank`` spent computing: in PyTorch ops, less the time it was blocked in
+        them by a collective or a ``wait()`` (on the GPU: in kernels that are not NCCL). See
+        `stats` for every definition. ``device``: "cpu" or "cuda" (default: "cuda" when the
         trace has GPU activity)."""
         return length(self._compute(self._rank(rank), self._device(device)))
 
@@ -132,7 +133,8 @@ class Timeline(Chart):
         return length(self._comm(self._rank(rank), self._device(device)))
 
     def overlap(self, rank: int, device: str | None = None) -> float:
-        """Seconds in which ``rank`` computed while a collective was under way."""
+        """Seconds in which ``rank`` computed while a collective was under way. Not time saved:
+        compare the step's wall time with and without overlap for that."""
         rank, device = self._rank(rank), self._device(device)
         return length(intersect(self._compute(rank, device), self._comm(rank, device)))
 
@@ -142,33 +144,45 @@ class Timeline(Chart):
         busy = union(self._compute(rank, device) + self._comm(rank, device))
         return max(0.0, self._end - length(busy))
 
+    def _collectives(self) -> list[list[metrics.Collective]]:
+        return [metrics.collectives(self._events[r]) for r in range(self.world_size)]
+
+    def _wait_intervals(self, rank: int) -> list[tuple[str, list[tuple[float, float]]]]:
+        return metrics.waits(self._collectives(), rank)
+
     def waits(self, rank: int) -> list[tuple[str, float]]:
-        """For each collective of ``rank`` (as its transport ran it), in order: its name and
-        how long this rank was in it before the last rank arrived (0.0 for the last one).
+        """For each collective ``rank`` called, in order: its call's name (``c10d::allreduce_``)
+        and the seconds from this rank's arrival to the last rank's (0.0 for the last to come).
 
         The k-th collective of a name on one rank is matched with the k-th of that name on the
         others: right for collectives on the default group, which every rank runs in the same
-        order. A collective that some rank does not have is left out.
+        order.
         """
-        rank = self._rank(rank)
-        return [
-            (e.name, w)
-            for e, w in zip(self._transport(rank), self._waits(rank), strict=True)
-            if w is not None
-        ]
-
-    def _waits(self, rank: int) -> list[float | None]:
-        """One entry per transport event of ``rank``: its wait, or None if unmatched."""
-        return metrics.waits([self._transport(r) for r in range(self.world_size)], rank)
+        return [(name, length(iv)) for name, iv in self._wait_intervals(self._rank(rank))]
 
     def wait(self, rank: int) -> float:
-        """Seconds ``rank`` spent in collectives waiting for the last rank to arrive (see
-        `waits`): what a straggler costs the others."""
-        return sum(w for _, w in self.waits(rank))
+        """Seconds ``rank`` spent waiting for the last rank to arrive at a collective: what a
+        straggler costs the others. Two collectives in flight at once that wait for the same
+        late rank count that time once (the union of the `waits`' intervals)."""
+        rank = self._rank(rank)
+        return length(union([x for _, iv in self._wait_intervals(rank) for x in iv]))
 
     def stats(self, device: str | None = None) -> list[dict[str, float]]:
         """Per rank, a dict of seconds: ``compute``, ``comm``, ``overlap``, ``idle``, ``wait``
-        and ``total`` (the timeline's length, the same for every rank)."""
+        and ``total`` (the timeline's length, the same for every rank). What they mean:
+
+        - compute: time in PyTorch ops, less the time the thread was blocked inside them (in a
+          collective's call, or a ``wait()`` on a collective or a future). An op that only wraps
+          a blocking all_reduce (``AccumulateGrad`` running a hook that waits) is not compute.
+        - comm: time a collective was under way (its call and its transport), waits included.
+        - overlap: compute and comm at once. It is not time saved: on two busy cores the two
+          also slow each other; compare the step's wall time with and without it.
+        - idle: neither (Python between ops, ``time.sleep``, the profiler itself).
+        - wait: from this rank's arrival at a collective (its call) to the last rank's arrival,
+          as one union over all collectives.
+
+        On a GPU (``device="cuda"``), compute and comm are kernels (NCCL's or not).
+        """
         return [
             {
                 "compute": self.compute(r, device),

@@ -28,6 +28,7 @@ TRANSPORT = re.compile(r"^(?:gloo|mpi|ucc|xccl):|^nccl(?:Dev)?Kernel", re.IGNORE
 # run hooks inside them, and so span the time a hook waits for a collective.
 _OP = re.compile(r"^\w+(?:::\w+)+$")
 SYNC = "distlab:sync"
+WAIT = "distlab:wait"
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -36,8 +37,9 @@ class Event:
     """One event of a rank's timeline. Times in seconds from the moment the ranks met.
 
     ``kind`` is ``"label"`` (a ``record_function`` region: yours, FSDP's, the optimizer's),
-    ``"op"`` (a PyTorch op: compute), ``"comm"`` (communication: a collective's call on the
-    rank's own thread, or its transport) or ``"kernel"`` (a GPU kernel that is not NCCL).
+    ``"op"`` (a PyTorch op), ``"comm"`` (communication: a collective's call on the rank's own
+    thread, or its transport), ``"wait"`` (a thread blocked in ``wait()`` on a collective or a
+    future: ``distlab:wait``) or ``"kernel"`` (a GPU kernel that is not NCCL).
     ``thread`` is ``"main"`` (the thread that recorded), ``"gpu"``, or another thread's name
     (``"pt_gloo_runloop"``: where gloo runs collectives). ``depth`` is the nesting depth among
     labels and comm calls of its thread (0: outermost). ``issued_by`` names, for a transport event
@@ -137,6 +139,8 @@ def build(traces: list[dict], aligned: list[list[tuple[float, dict]]]) -> list[l
                     if not _OP.match(name):
                         continue  # autograd's wrappers (they also span the hooks' waits)
                     kind = "op"
+                elif name == WAIT:
+                    kind = "wait"
                 elif cat == "user_annotation":
                     kind = "label"
                 else:

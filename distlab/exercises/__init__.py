@@ -1,0 +1,200 @@
+"""Exercise checks: the learner writes an answer, `check` runs its grader and prints one verdict.
+
+Every exercise in the notebooks has the same three cells:
+
+1. the exercise (markdown);
+2. an attempt cell, visible, with a skeleton that raises ``NotImplementedError`` and a call to
+   ``check("Exercise N", grader, answer, ...)`` at the end, which prints "not attempted yet"
+   until the learner has written an answer, then "✓ correct" or "✗ not yet: <what was wrong>";
+3. the solution, collapsed (its source *and* its output hidden), which defines the answer and
+   calls the same check. Its output is only the verdict, so even a viewer that ignores the
+   collapsed state (GitHub, nbviewer) gives nothing away by showing it.
+
+The graders live here, one module per notebook (`distlab.exercises.nb04` holds notebook 04's),
+so that each can be tested against the wrong answers learners write (tests/exercise_mistakes/):
+a grader finds what is right by running the real thing where it can, checks types and lengths
+before values (`distlab.exercises.expect`), never trusts a number the answer computed itself,
+and raises AssertionError with a message in the learner's terms.
+
+`check` turns whatever happens into exactly one verdict line: a wrong value, a crash in the
+answer (its traceback is printed first), a hang (where each rank waits), or a grader that could
+not use what came back. When the answer left a `distlab.Cluster` stuck, `check` restarts it and
+re-runs the cells that set it up, so the learner can simply try again.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+
+PASSED = "✓ correct"
+NOT_ATTEMPTED = "not attempted yet"
+
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_DISTLAB = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def check(label: str, test: Callable[..., object], *args, **kwargs) -> bool:
+    """Run an exercise's grader ``test(*args, **kwargs)`` and print one line saying how it went.
+
+    Args:
+        label: what to call the exercise in the verdict, e.g. ``"Exercise 2"``.
+        test: a grader: it calls the learner's code (passed in ``args``/``kwargs``), raises
+            ``AssertionError`` with a message saying what is wrong when the answer is wrong,
+            and returns when it is right.
+        args, kwargs: passed to ``test``.
+
+    Returns:
+        True when the answer is right; False otherwise (not written yet, wrong, crashed, hung).
+
+    Raises:
+        TypeError: ``test`` is not callable.
+        KeyboardInterrupt: you pressed stop.
+
+    What is printed, always ending in one line ``<label>: ...``:
+
+    - ``not attempted yet`` while the skeleton's ``raise NotImplementedError`` is there (also
+      when it runs on the ranks);
+    - ``✗ not yet: <what>`` for a wrong answer; for an answer that raised, its traceback (or
+      the ranks' error report) comes first; for an answer that hangs, where each rank waits;
+    - ``✓ correct``.
+    """
+    if not callable(test):
+        raise TypeError(f"check() needs a test function to call, got {test!r}")
+    from ..errors import ClusterBroken, RankError, RankTimeout
+
+    try:
+        test(*args, **kwargs)
+    except NotImplementedError as e:
+        return _not_attempted(label, str(e))
+    except AssertionError as e:
+        return _wrong(label, str(e) or "a check failed")
+    except RankError as e:
+        if _not_written_on_ranks(e):
+            return _not_attempted(label, e.primary.message)
+        print(str(e), file=sys.stderr)
+        head = e.primary.headline()
+        return _wrong(label, f"your code failed on the ranks ({head}; the report is above)")
+    except RankTimeout as e:
+        return _wrong(label, _hang(e))
+    except ClusterBroken as e:
+        return _wrong(label, f"the cluster could not run your answer: {e}")
+    except Exception as e:  # noqa: BLE001 -- every outcome becomes a verdict
+        if _raised_by_the_answer(e):
+            traceback.print_exception(type(e), e, _without_distlab(e.__traceback__))
+            return _wrong(label, f"your code raised {type(e).__name__}: {e} (traceback above)")
+        return _wrong(
+            label,
+            f"the check could not use what your answer gave back ({type(e).__name__}: {e}). "
+            "Compare its type and shape with what the exercise asks for.",
+        )
+    print(f"{label}: {PASSED}")
+    return True
+
+
+def _not_attempted(label: str, message: str) -> bool:
+    why = f" ({message})" if message else ""
+    print(
+        f"{label}: {NOT_ATTEMPTED}{why}. Replace the `raise NotImplementedError` above with your "
+        "answer and run the cell again."
+    )
+    return False
+
+
+def _wrong(label: str, message: str) -> bool:
+    repaired = _repair_clusters()
+    print(f"{label}: ✗ not yet: {message}{repaired}")
+    return False
+
+
+def _hang(e) -> str:
+    """A `RankTimeout` in the learner's terms: which ranks wait, on which line of theirs."""
+    where = []
+    for rank in e.ranks:
+        line = _last_user_line(e.stacks.get(rank, ""))
+        where.append(f"rank {rank} at {line}" if line else f"rank {rank}")
+    return (
+        f"your answer hangs: {', '.join(where)} still waited after {e.timeout:g} s. A collective "
+        "(and a recv) waits until every rank of its group has called it: look for a rank that "
+        "skips it, or calls another one."
+    )
+
+
+def _last_user_line(stack: str) -> str:
+    """The innermost ``File "...", line N, in f`` of a stack that is not torch's or distlab's,
+    with its source line: ``line 4 in gather_ranks (dist.all_gather(out, mine))``."""
+    import re
+
+    lines = stack.rstrip("\n").splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        m = re.match(r'\s*File "([^"]+)", line (\d+), in (.+)$', lines[i])
+        if not m:
+            continue
+        filename, number, func = m.groups()
+        if filename.startswith("<site-packages>") or filename.startswith("<stdlib>"):
+            continue
+        path = os.path.abspath(filename) if not filename.startswith("<") else filename
+        if path.startswith(_DISTLAB) or _is_library(path):
+            continue
+        following = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        source = "" if following.startswith("File ") else following
+        return f"line {number} in {func}" + (f" ({source})" if source else "")
+    return ""
+
+
+def _repair_clusters() -> str:
+    """Restart (and replay) every live cluster the answer left with stuck or dead ranks; what
+    to tell the learner about it."""
+    from .. import cluster as _cluster
+
+    told = ""
+    for c in list(_cluster._all):
+        if c.closed or all(state in ("idle", "busy") for state in c.states.values()):
+            continue
+        replayed = c.restart()
+        told = (
+            f". Your answer left the cluster stuck: distlab restarted its ranks and re-ran the "
+            f"{replayed} cell(s) that set them up, so you can try again"
+        )
+    return told
+
+
+def _raised_by_the_answer(e: BaseException) -> bool:
+    """Whether the traceback passes through code the learner wrote (a notebook cell, their
+    own file) rather than only distlab's graders and libraries."""
+    tb = e.__traceback__
+    while tb is not None:
+        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if not (filename.startswith(_DISTLAB) or _is_library(filename)):
+            if tb.tb_frame.f_code is not check.__code__:
+                return True
+        tb = tb.tb_next
+    return False
+
+
+def _is_library(filename: str) -> bool:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    roots = {paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"]}
+    return filename.startswith(tuple(os.path.abspath(r) + os.sep for r in roots)) or (
+        filename.startswith("<frozen ")
+    )
+
+
+def _without_distlab(tb):
+    from ..errors import _user_frames
+
+    return _user_frames(tb)
+
+
+def _not_written_on_ranks(error) -> bool:
+    """A `RankError` whose root causes are all a skeleton's NotImplementedError (the test ran the
+    learner's unwritten answer on the ranks, through `distlab.launch` or `Cluster.run`)."""
+    roots = [f for f in error.failures if not f.consequence]
+    return bool(roots) and all(f.type == "NotImplementedError" for f in roots)
+
+
+__all__ = ["NOT_ATTEMPTED", "PASSED", "check"]

@@ -1,0 +1,202 @@
+"""What graders compare with, so that a wrong answer is told what was expected, in its terms.
+
+Each function raises ``AssertionError`` with a message a learner can act on ("expected a list of
+4 ints, like [0, 1, 2, 3]; got a tuple of 2: (0, 1)"), and checks the type and the length or
+shape before any value: never ``zip`` alone (it stops at the shorter side, so ``()`` would
+pass), never a comparison that raises on an unexpected type.
+
+`run` runs a learner's function on ranks with a short timeout, so a hang is called a hang in
+seconds; `collectives` runs it under a timeline recording and tells which collectives each rank
+really called (so "the answer used all_gather" is checked, not trusted).
+"""
+
+from __future__ import annotations
+
+import numbers
+from fractions import Fraction
+
+#: Seconds a learner's function may run in a check before it is called a hang: ample for the
+#: exercises' tiny tensors on a busy laptop, short enough to wait for.
+HANG = 10.0
+
+
+def describe(value) -> str:
+    """``[0, 1]`` -> ``"a list of 2: [0, 1]"``; a tensor -> its dtype, shape and values."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        torch = None
+    if torch is not None and isinstance(value, torch.Tensor):
+        shown = value.tolist() if value.numel() <= 16 else f"{value.flatten()[:8].tolist()}..."
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"a {dtype} tensor of shape {tuple(value.shape)}: {shown}"
+    if isinstance(value, (list, tuple, set, frozenset, dict)):
+        text = repr(value)
+        if len(text) > 120:
+            text = text[:117] + "..."
+        return f"{_a(type(value).__name__)} of {len(value)}: {text}"
+    if value is None:
+        return "None (did the function forget to return?)"
+    return f"{_a(type(value).__name__)}: {value!r}"
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
+
+
+def same(got, want, what: str = "your answer") -> None:
+    """``got`` equals ``want`` exactly, including its type (a list is not a tuple, 3.0 is not
+    Fraction(3)), and element by element for lists and tuples, tensors by dtype, shape and
+    value. The message says which element differs first."""
+    _same(got, want, what)
+
+
+def _same(got, want, what: str) -> None:
+    import torch
+
+    if isinstance(want, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            raise AssertionError(
+                f"{what} should be a tensor like {describe(want)}; got {describe(got)}"
+            )
+        if got.shape != want.shape:
+            raise AssertionError(
+                f"{what} should have shape {tuple(want.shape)}; got shape {tuple(got.shape)} "
+                f"({describe(got)})"
+            )
+        if got.dtype != want.dtype:
+            raise AssertionError(f"{what} should be {want.dtype}; got {got.dtype}")
+        if not torch.equal(got, want):
+            raise AssertionError(f"{what} should be {want.tolist()}; got {got.tolist()}")
+        return
+    if type(got) is not type(want) and not _same_kind(got, want):
+        hint = _type_hint(got, want)
+        raise AssertionError(
+            f"{what} should be {describe(want)}; got {describe(got)}{hint}"
+        )
+    if isinstance(want, (list, tuple)):
+        if len(got) != len(want):
+            raise AssertionError(
+                f"{what} should have {len(want)} entries ({want!r}); got {len(got)}: {got!r}"
+            )
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            _same(g, w, f"{what}[{i}]")
+        return
+    if isinstance(want, dict):
+        if set(got) != set(want):
+            raise AssertionError(f"{what} should have the keys {sorted(want)}; got {sorted(got)}")
+        for k in want:
+            _same(got[k], want[k], f"{what}[{k!r}]")
+        return
+    if got != want:
+        raise AssertionError(f"{what} should be {want!r}; got {got!r}")
+
+
+def _same_kind(got, want) -> bool:
+    """int for int (numpy's or torch's ints that are ``numbers.Integral`` too), str for str."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return isinstance(got, bool) and isinstance(want, bool)
+    if isinstance(want, numbers.Integral) and not isinstance(want, Fraction):
+        return isinstance(got, numbers.Integral)
+    return False
+
+
+def _type_hint(got, want) -> str:
+    """Why a value of the right size in the wrong type is still wrong, and the fix."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return ""
+    if isinstance(want, Fraction) and isinstance(got, float):
+        return (
+            f" (a float rounds: {got!r}; use fractions.Fraction to give the exact value, "
+            f"e.g. Fraction({want.numerator}, {want.denominator}))"
+        )
+    if isinstance(want, (list, tuple)) and isinstance(got, torch.Tensor):
+        kind = type(want).__name__
+        return f" (the exercise asks for a {kind}: {kind}(t.tolist()) turns a tensor into one)"
+    if isinstance(want, (list, tuple, set)) and isinstance(got, (list, tuple, set)):
+        if sorted(map(repr, got)) == sorted(map(repr, want)):
+            return f" (the right values, but the exercise asks for a {type(want).__name__})"
+    return ""
+
+
+def close(got, want, what: str = "your answer", *, rtol: float = 1e-5, atol: float = 1e-6,
+          world_size: int | None = None) -> None:  # fmt: skip
+    """Tensors (or numbers) equal up to rounding. A result off by exactly the world size, or by
+    its inverse, says so ("exactly 2x the expected: summed over 2 ranks but not divided?")."""
+    import torch
+
+    g = got if isinstance(got, torch.Tensor) else None
+    w = want if isinstance(want, torch.Tensor) else torch.as_tensor(want)
+    if g is None:
+        if isinstance(got, numbers.Real) and not isinstance(got, bool) and w.numel() == 1:
+            g = torch.as_tensor(float(got), dtype=w.dtype)
+        else:
+            raise AssertionError(f"{what} should be {describe(want)}; got {describe(got)}")
+    if g.shape != w.shape:
+        raise AssertionError(
+            f"{what} should have shape {tuple(w.shape)}; got shape {tuple(g.shape)}"
+        )
+    g64, w64 = g.detach().double(), w.detach().double()
+    if torch.allclose(g64, w64, rtol=rtol, atol=atol):
+        return
+    hint = ""
+    if world_size and world_size > 1 and w64.abs().max() > 0:
+        for factor, why in (
+            (world_size, "summed over the ranks but not divided by the world size?"),
+            (1 / world_size, "divided by the world size once too often, or not summed?"),
+        ):
+            if torch.allclose(g64, w64 * factor, rtol=rtol, atol=atol):
+                hint = f": exactly {_fmt(factor)}x the expected ({why})"
+    err = (g64 - w64).abs().max().item()
+    shown = g.tolist() if g.numel() <= 8 else "..."
+    wanted = w.tolist() if w.numel() <= 8 else "..."
+    raise AssertionError(
+        f"{what} should be {wanted}; got {shown}{hint or f' (largest difference {err:.3g})'}"
+    )
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"1/{round(1 / x)}"
+
+
+def ranks_agree(values: list, what: str = "the ranks' answers") -> None:
+    """Every rank returned the same thing (compared with `same`)."""
+    for r, v in enumerate(values[1:], start=1):
+        try:
+            _same(v, values[0], f"rank {r}'s answer")
+        except AssertionError as e:
+            raise AssertionError(f"{what} differ: {e} (rank 0 gave {values[0]!r})") from None
+
+
+def run(fn, *args, world_size: int = 2, cluster=None, timeout: float = HANG, **kwargs) -> list:
+    """``fn(*args, **kwargs)`` on ``world_size`` new ranks (or the live ranks of ``cluster``),
+    called a hang after ``timeout`` seconds: one value per rank. Raises what `distlab.launch`
+    raises (`distlab.check` turns each into a verdict)."""
+    if cluster is not None:
+        return cluster.run(fn, *args, timeout=timeout, _record=False, **kwargs)
+    from ..launcher import launch
+
+    return launch(fn, *args, world_size=world_size, timeout=timeout, **kwargs)
+
+
+def collectives(fn, *args, world_size: int = 2, cluster=None, timeout: float = HANG, **kwargs):
+    """Run ``fn`` as `run` does, under a timeline recording: ``(values, calls)`` where
+    ``calls[r]`` lists the collectives rank ``r`` called, as the profiler names them
+    (``c10d::allgather_``, ``c10d::send``...), in order."""
+    from ..timeline import metrics, record
+
+    where = {"cluster": cluster} if cluster is not None else {"world_size": world_size}
+    tl = record(fn, *args, timeout=timeout, sync=False, **where, **kwargs)
+    calls = [[e.name for e in metrics.calls(tl.events(r))] for r in range(tl.world_size)]
+    return tl.results, calls
+
+
+def called(calls: list[list[str]], any_of: tuple[str, ...], what: str) -> None:
+    """Every rank's ``calls`` (from `collectives`) include one of ``any_of`` (substrings of the
+    profiler's names, e.g. ``("allgather",)``); else say which rank did not."""
+    for r, names in enumerate(calls):
+        if not any(want in name for name in names for want in any_of):
+            used = ", ".join(sorted(set(names))) or "no collective at all"
+            raise AssertionError(f"rank {r} should use {what}; it called {used}")

@@ -1,0 +1,169 @@
+"""The calculators in a real JupyterLab, in a real (headless) browser: a learner moves one control
+of each calculator and sees its number and its picture change.
+
+Starts JupyterLab (loopback, a free port, a token) on a temporary folder holding one small
+notebook that shows each calculator's widget, runs it in Debian's Chromium driven by Playwright,
+then, for each widget, changes one control the way a learner does (types into a number field,
+picks from a list, or presses an arrow key on a focused slider) and waits until the widget's text
+shows the new number and its image is a new picture. A screenshot is saved to
+test-output/browser/.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from test_browser import CHROMIUM, OUT, _clear_all_outputs, _free_port, _lab_settings
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="needs Debian's chromium (make test installs it)"
+)
+
+NOTEBOOK = "calculators.ipynb"
+CELLS = [
+    "from distlab.calculators import widgets",
+    "widgets.memory()",
+    "widgets.comm()",
+    "widgets.pipeline()",
+    "widgets.stepper()",
+]
+
+
+def _write_notebook(folder: Path) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, folder / NOTEBOOK)
+
+
+@pytest.fixture
+def lab(tmp_path):
+    (tmp_path / "nb").mkdir()
+    _write_notebook(tmp_path / "nb")
+    port, token = _free_port(), os.urandom(16).hex()
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "jupyter", "lab", "--no-browser",
+            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path / 'nb'}",
+            "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            *(["--allow-root"] if os.geteuid() == 0 else []),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "lab.log", "w"),  # noqa: SIM115
+        env=dict(
+            os.environ,
+            JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"),
+            JUPYTERLAB_SETTINGS_DIR=str(_lab_settings(tmp_path / "lab-settings")),
+            DISTLAB_NO_WARM="1",  # the calculators launch no ranks: no helper process
+            DISTLAB_HOME=str(tmp_path / "distlab-home"),  # not the user's saved fit
+        ),
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError((tmp_path / "lab.log").read_text()[-3000:]) from None
+            time.sleep(0.3)
+    yield url, token
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_moving_a_control_of_each_calculator_changes_its_number_and_picture(lab):
+    from playwright.sync_api import sync_playwright
+
+    url, token = lab
+    OUT.mkdir(parents=True, exist_ok=True)
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    ]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=flags)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            _drive(page, url, token)
+        except Exception:
+            page.screenshot(path=str(OUT / "calculators-failure.png"), full_page=True)
+            (OUT / "calculators-failure.txt").write_text(page.locator(".jp-Notebook").inner_text())
+            raise
+        finally:
+            browser.close()
+
+
+def _drive(page, url: str, token: str) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{url}/lab/tree/{NOTEBOOK}?token={token}")
+    expect(page.locator(".jp-NotebookPanel")).to_be_visible(timeout=60_000)
+    idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    expect(idle).to_have_count(1, timeout=60_000)
+    _clear_all_outputs(page)
+    page.locator(".lm-MenuBar-item", has_text="Run").click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+    def move_tp(w):  # a number field: type, then Enter
+        w.locator(".distlab-control-tp input").fill("2")
+        w.locator(".distlab-control-tp input").press("Enter")
+
+    def move_ranks(w):
+        w.locator(".distlab-control-ranks input").fill("64")
+        w.locator(".distlab-control-ranks input").press("Enter")
+
+    def move_m(w):  # a slider, from the keyboard: focus its handle, one step right
+        w.locator(".distlab-control-m .noUi-handle").focus()
+        page.keyboard.press("ArrowRight")
+
+    def move_op(w):  # a list: pick another entry
+        w.locator(".distlab-control-op select").select_option("all_gather")
+
+    for name, move, shown in (
+        ("memory", move_tp, "dp 8 x tp 2 x pp 1"),
+        ("comm", move_ranks, "on 64 ranks"),
+        ("pipeline", move_m, "m = 9 microbatches"),
+        ("stepper", move_op, "ring all_gather on 4 ranks"),
+    ):
+        widget = page.locator(f".distlab-calculator-{name}")
+        text = widget.locator(".distlab-calculator-text pre")
+        image = widget.locator("img.distlab-calculator-chart")
+        expect(text).to_be_visible(timeout=120_000)
+        widget.scroll_into_view_if_needed()
+        before_text, before_src = text.inner_text(), _src(image)
+        assert shown not in before_text
+        move(widget)
+        expect(text).to_contain_text(shown, timeout=30_000)
+        deadline = time.monotonic() + 30
+        while _src(image) == before_src and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _src(image) != before_src, f"{name}: the picture did not change"
+        assert not text.inner_text().startswith("✗"), text.inner_text()
+    page.screenshot(path=str(OUT / "calculators.png"), full_page=True)
+
+
+def _src(image) -> str:
+    """The image's bytes as the page holds them (a blob: URL, new for each new picture)."""
+    for _ in range(100):
+        src = image.get_attribute("src")
+        if src:
+            return src
+        time.sleep(0.1)
+    raise AssertionError("the calculator's image never got a picture")
+

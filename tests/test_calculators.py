@@ -1,0 +1,267 @@
+"""distlab.calculators, memory per device: the models' sizes, the ZeRO paper's Figure 1,
+Korthikanti et al.'s activations, and the course's own models against `distlab.memory.measure`
+in one process (on two real ranks: test_calculators_measured.py)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.nn as nn
+
+from distlab import memory
+from distlab.calculators import (
+    GB,
+    PRESETS,
+    CalculatorError,
+    MemoryEstimate,
+    Params,
+    Transformer,
+    memory_per_device,
+)
+
+pytestmark = pytest.mark.quick
+
+NB15 = "notebook 15: 4 x Linear(64, 64)"
+NB14 = "notebook 14: SimpleMLP"
+NB16 = "notebook 16: 8 x (Linear(16, 16), Tanh)"
+
+
+# --- the models' sizes, from their published configs --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, count",
+    [
+        ("GPT-2 124M", 124_439_808),  # Hugging Face's gpt2, tied embeddings counted once
+        ("Llama-3 8B", 8_030_261_248),
+        ("Llama-3 70B", 70_553_706_496),  # "70.6B"
+        ("Llama-3 405B", 405_853_388_800),
+        ("Mixtral 8x7B", 46_702_792_704),  # "46.7B" total, 8 experts per layer
+        (NB15, 16_640),  # the notebook asserts PSI == 16_640
+        (NB14, 50 * 32 + 32 + 32 * 8 + 8),
+        (NB16, 8 * (16 * 16 + 16)),
+    ],
+)
+def test_presets_count_the_parameters_of_their_published_configs(name, count):
+    assert PRESETS[name].parameters() == count
+
+
+def test_gpt2_count_equals_the_torch_model_built_from_its_config():
+    # GPT-2's modules as Hugging Face builds them: the count must be that of real tensors.
+    h, v, layers = 768, 50257, 12
+    block = [nn.LayerNorm(h), nn.Linear(h, 3 * h), nn.Linear(h, h), nn.LayerNorm(h),
+             nn.Linear(h, 4 * h), nn.Linear(4 * h, h)]
+    per_layer = sum(p.numel() for m in block for p in m.parameters())
+    total = v * h + 1024 * h + layers * per_layer + 2 * h  # wte, wpe, blocks, ln_f (lm_head tied)
+    assert PRESETS["GPT-2 124M"].parameters() == total == 124_439_808
+
+
+def test_tensor_parallel_shards_add_up_to_the_model_less_the_replicated_parts():
+    llama = PRESETS["Llama-3 8B"]
+    dense, _ = llama.shard(tp=8, pp=1, stage=0)
+    norms = (2 * llama.layers + 1) * llama.hidden  # RMSNorm weights: whole on every TP rank
+    assert 8 * (dense - norms) == llama.parameters() - norms
+
+
+def test_pipeline_stages_hold_the_layers_once_between_them():
+    llama = PRESETS["Llama-3 70B"]
+    stages = [llama.shard(tp=1, pp=4, stage=s)[0] for s in range(4)]
+    assert sum(stages) == llama.parameters()
+    assert stages[1] == stages[2] == 20 * (stages[1] // 20)  # middle stages: 20 layers each
+
+
+# --- the ZeRO paper, Figure 1 ---------------------------------------------------------------
+
+
+def test_zero_paper_figure_1_is_reproduced_exactly():
+    # 7.5B parameters, 64 GPUs, mixed-precision Adam (K = 12): 120, 31.4, 16.6 and 1.9 GB, where
+    # 1 GB is 10^9 bytes and the paper rounds to one decimal.
+    totals = [memory_per_device(7_500_000_000, dp=64, zero=z).total for z in range(4)]
+    assert totals == [120_000_000_000, 31_406_250_000, 16_640_625_000, 1_875_000_000]
+    assert [round(t / GB, 1) for t in totals] == [120.0, 31.4, 16.6, 1.9]
+    assert [round(t / 2**30, 1) for t in totals] != [120.0, 31.4, 16.6, 1.9]  # not GiB
+
+
+def test_each_zero_stage_shards_one_more_part():
+    e = [memory_per_device(7_500_000_000, dp=64, zero=z) for z in range(4)]
+    psi = 7_500_000_000
+    assert (e[0].params, e[0].grads, e[0].optimizer) == (2 * psi, 2 * psi, 12 * psi)
+    assert (e[1].params, e[1].grads, e[1].optimizer) == (2 * psi, 2 * psi, 12 * psi // 64)
+    assert (e[2].params, e[2].grads, e[2].optimizer) == (2 * psi, 2 * psi // 64, 12 * psi // 64)
+    assert (e[3].params, e[3].grads, e[3].optimizer) == (2 * psi // 64, 2 * psi // 64,
+                                                         12 * psi // 64)
+    fp32 = memory_per_device(psi, dp=64, zero=1, precision="fp32")
+    assert (fp32.params, fp32.grads, fp32.optimizer) == (4 * psi, 4 * psi, 8 * psi // 64)
+
+
+def test_an_uneven_shard_is_rounded_up_to_whole_elements():
+    e = memory_per_device(10, dp=4, zero=3, precision="fp32")
+    assert (e.params, e.grads, e.optimizer) == (3 * 4, 3 * 4, 3 * 8)
+
+
+# --- activations: Korthikanti et al. 2022, Table 2 -------------------------------------------
+
+
+def _gpt(heads=96, hidden=12288, layers=4):
+    return Transformer("GPT-3-like", vocab=51200, hidden=hidden, intermediate=4 * hidden,
+                       layers=layers, heads=heads, kv_heads=heads, gated=False, bias=True)
+
+
+@pytest.mark.parametrize(
+    "checkpointing, sequence_parallel, per_layer",
+    [  # s, b, h, a, t = 2048, 1, 12288, 96, 8: Table 2, row by row
+        ("none", False, lambda s, b, h, a, t: s * b * h * (10 + Fraction(24, t)
+                                                           + Fraction(5 * a * s, h * t))),
+        ("none", True, lambda s, b, h, a, t: s * b * h * (Fraction(34, t)
+                                                          + Fraction(5 * a * s, h * t))),
+        ("selective", False, lambda s, b, h, a, t: s * b * h * (10 + Fraction(24, t))),
+        ("selective", True, lambda s, b, h, a, t: s * b * h * Fraction(34, t)),
+        ("full", False, lambda s, b, h, a, t: 2 * s * b * h),
+    ],
+)
+def test_activations_follow_korthikanti_table_2(checkpointing, sequence_parallel, per_layer):
+    e = memory_per_device(_gpt(), tp=8, seq_len=2048, checkpointing=checkpointing,
+                          sequence_parallel=sequence_parallel)
+    assert e.activations == 4 * per_layer(2048, 1, 12288, 96, 8)  # 4 layers
+
+
+def test_activations_without_parallelism_are_sbh_34_plus_5as_over_h():
+    s, b, h, a = 1024, 2, 768, 12
+    e = memory_per_device("GPT-2 124M", seq_len=s, micro_batch=b)
+    assert e.activations == 12 * s * b * h * (34 + Fraction(5 * a * s, h))
+    assert memory_per_device("GPT-2 124M", seq_len=s, micro_batch=b,
+                             precision="fp32").activations == 2 * e.activations
+
+
+def test_pipeline_first_stage_holds_pp_microbatches_of_its_layers_and_cp_splits_the_sequence():
+    base = memory_per_device("Llama-3 8B", checkpointing="selective", seq_len=4096)
+    assert memory_per_device("Llama-3 8B", pp=4, checkpointing="selective",
+                             seq_len=4096).activations == base.activations
+    halved = memory_per_device("Llama-3 8B", cp=2, checkpointing="selective", seq_len=4096)
+    assert 2 * halved.activations == base.activations
+
+
+def test_mixture_of_experts_shares_out_its_experts_over_ep():
+    one = memory_per_device("Mixtral 8x7B", dp=8, ep=1, seq_len=1024)
+    eight = memory_per_device("Mixtral 8x7B", dp=8, ep=8, seq_len=1024)
+    mixtral = PRESETS["Mixtral 8x7B"]
+    dense, expert = mixtral.shard(1, 1, 0)
+    assert one.numel == dense + expert and eight.numel == dense + expert // 8
+
+
+# --- the course's models against distlab.memory.measure -------------------------------------
+
+
+def _nb14():
+    class SimpleMLP(nn.Module):  # notebook 14's
+        def __init__(self):
+            super().__init__()
+            self.net1, self.relu, self.net2 = nn.Linear(50, 32), nn.ReLU(), nn.Linear(32, 8)
+
+        def forward(self, x):
+            return torch.sigmoid(self.net2(self.relu(self.net1(x))))
+
+    return SimpleMLP()
+
+
+BUILD = {
+    NB15: (lambda: nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)]), 64),
+    NB14: (_nb14, 50),
+    NB16: (lambda: nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+                                   for _ in range(8)]), 16),
+}
+
+
+@pytest.mark.parametrize("name", [NB15, NB14, NB16])
+def test_course_models_match_what_memory_measure_counts_in_one_process(name):
+    build, width = BUILD[name]
+    torch.manual_seed(0)
+    model = build()
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(8, width)).square().mean().backward()
+    opt.step()
+    u = memory.measure(model, opt)
+    e = memory_per_device(name, precision="fp32")
+    assert (e.params, e.grads, e.optimizer) == (u.params, u.grads, u.optimizer)
+
+
+@pytest.mark.parametrize("name", [NB15, NB14, NB16])
+def test_course_models_activations_are_what_autograd_saves(name):
+    build, width = BUILD[name]
+    model = build()
+    params = {p.data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        if t.data_ptr() not in params:
+            saved[t.data_ptr(), t.numel()] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(torch.randn(8, width))
+    e = memory_per_device(name, precision="fp32", micro_batch=8, seq_len=1)
+    assert e.activations == sum(saved.values()) > 0
+
+
+# --- what a learner sees --------------------------------------------------------------------
+
+
+def test_text_shows_exact_bytes_and_gb_and_is_deterministic():
+    e = memory_per_device("Llama-3 70B", dp=8, tp=8, zero=1, checkpointing="selective",
+                          seq_len=8192)
+    assert isinstance(e, MemoryEstimate) and repr(e) == str(e) == e.text()
+    assert e.text() == memory_per_device("Llama-3 70B", dp=8, tp=8, zero=1,
+                                         checkpointing="selective", seq_len=8192).text()
+    assert "params      17,640,734,720      17.64" in e.text()
+    assert "total       71,329,034,240      71.33" in e.text()
+    assert e.fits() and not e.with_(tp=4).fits()
+    assert "0x" not in e.text()  # no object addresses
+
+
+def test_smallest_tp_at_which_llama3_70b_fits_in_80_gb_with_zero_1_is_8():
+    # The notebook exercise's answer: dp=8, selective checkpointing, 8192 tokens.
+    fits = [tp for tp in (1, 2, 4, 8) if memory_per_device(
+        "Llama-3 70B", dp=8, tp=tp, zero=1, checkpointing="selective", seq_len=8192).fits()]
+    assert fits[0] == 8
+
+
+def test_chart_draws_png_bytes_that_depend_only_on_the_estimate():
+    e = memory_per_device("GPT-2 124M", dp=4, zero=2)
+    png = e.chart().png()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png == e.chart().png() and png != e.with_(zero=3).chart().png()
+    assert repr(e.chart()) == e.text()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(model="Llama-3 8B", tp=3), "tp=3 does not divide the 32 attention heads of "
+                                         "Llama-3 8B: choose tp in 1, 2, 4, 8"),
+        (dict(model="Llama-3 8B", tp=16), "16 does not divide the 8 key-value heads"),
+        (dict(model="Llama-3 70B", pp=3), "pp=3 does not divide the 80 layers of Llama-3 70B "
+                                          "into equal stages: choose pp in 1, 2, 4, 5, 8, 10"),
+        (dict(model="Llama-3 8B", ep=2), "Llama-3 8B is dense (no experts)"),
+        (dict(model="Mixtral 8x7B", dp=4, ep=8), "ep=8 must divide dp=4"),
+        (dict(model="Llama-3 8B", cp=3, seq_len=4096), "seq_len=4096 does not split into cp=3"),
+        (dict(model="Llama-3 8B", zero=4), "zero=4 is not a ZeRO stage: choose 0"),
+        (dict(model="Llama-3 8B", precision="fp16"), "precision='fp16' is not one of"),
+        (dict(model="Llama-3 8B", dp=0), "dp must be a whole number >= 1, got 0"),
+        (dict(model="Llama-3 9B"), "no preset model named 'Llama-3 9B'; the presets are"),
+        (dict(model=NB15, tp=2), "tensor parallelism is modelled for transformers only"),
+        (dict(model=NB15, checkpointing="full"), "use checkpointing='none'"),
+    ],
+)
+def test_bad_input_says_what_was_wrong_and_what_to_choose(kwargs, message):
+    with pytest.raises(CalculatorError) as info:
+        memory_per_device(kwargs.pop("model"), **kwargs)
+    assert message in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_a_bare_parameter_count_has_no_activations_and_says_so():
+    e = memory_per_device(Params(1000), tp=2, pp=2)
+    assert e.activations == 0 and e.numel == 250
+    assert "activations: not modelled" in e.text()
