@@ -18,7 +18,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 
-from . import _config, _output
+from . import _config, _output, _readable
 from ._ranks import ship
 from ._ranks.group import RankGroup
 from .errors import DistlabError, entry_point
@@ -122,7 +122,6 @@ class Cluster:
         self._threads = threads
         self._env = env
         self._start_timeout = _config.check_timeout(start_timeout, "start_timeout")
-        self._cells = 0
         self._widget = None
         self._group: RankGroup | None = None
         self._history: list[_Step] = []
@@ -302,16 +301,13 @@ class Cluster:
         timeout: float | None = None,
         stream=False,
         fold: bool | None = None,
-        *,
-        _name: str | None = None,
     ):
         """Run ``source`` as a cell in every rank's own namespace (what ``%%ranks`` does).
 
         Returns a `PerRank` list with the repr of the cell's last expression on each rank
         (None where there is none). ``fold`` overrides the cluster's setting for this call.
         """
-        self._cells += 1
-        filename = _name or f"<ranks cell {self._cells}>"  # %%ranks: "Cell In[5]", as IPython
+        filename = _readable.ranks_cell_name()  # "<%%ranks cell 3>": see distlab._readable
         payload = ship.dumps("exec", source, filename)
         targets = self._ranks(ranks)
         fold = self.fold if fold is None else fold

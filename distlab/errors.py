@@ -71,7 +71,15 @@ class DistlabError(Exception):
 
             return traceback.format_exception(type(self), self, self.__traceback__)
         tb = _user_frames(self.__traceback__)
-        return ip.InteractiveTB.structured_traceback(type(self), self, tb, tb_offset=0)
+        raw = getattr(self, "_raw", None)
+        if raw is None:
+            return ip.InteractiveTB.structured_traceback(type(self), self, tb, tb_offset=0)
+        stable = self.args
+        self.args = (readable(raw, numbered=True),)  # cells named as IPython names them
+        try:
+            return ip.InteractiveTB.structured_traceback(type(self), self, tb, tb_offset=0)
+        finally:
+            self.args = stable
 
 
 def entry_point(fn):
@@ -171,7 +179,8 @@ class RankError(DistlabError, RuntimeError):
         self.stopped = stopped
         self.world_size = world_size
         self.stuck = stuck or {}  #: (Cluster) ranks left stuck inside C++: rank -> stack
-        super().__init__(self._render())
+        self._raw = self._render()
+        super().__init__(readable(self._raw))
 
     @property
     def primary(self) -> RankFailure:
@@ -216,7 +225,7 @@ class RankError(DistlabError, RuntimeError):
                 + ", ".join(map(str, self.stopped))
                 + " after the failure above (they were still running)."
             )
-        return readable("\n".join(lines))
+        return "\n".join(lines)
 
 
 class RankTimeout(DistlabError, TimeoutError):
@@ -239,7 +248,8 @@ class RankTimeout(DistlabError, TimeoutError):
         self.finished = finished
         self.world_size = world_size
         self.hint = hint
-        super().__init__(self._render())
+        self._raw = self._render()
+        super().__init__(readable(self._raw))
 
     @property
     def ranks(self) -> list[int]:
@@ -266,7 +276,7 @@ class RankTimeout(DistlabError, TimeoutError):
             "it. Look for a rank that skipped it, called a different one, or is waiting for a "
             "message nobody sends."
         )
-        return readable("\n".join(lines))
+        return "\n".join(lines)
 
 
 class ClusterBroken(DistlabError, RuntimeError):

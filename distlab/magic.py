@@ -63,22 +63,10 @@ def ranks(line: str, cell: str):
     warning = _cluster.collective_warning(cell, chosen, cl.world_size)
     if warning:
         print(warning, file=sys.stderr)
-    result = cl.exec(
-        cell, ranks=targets, timeout=timeout, stream=stream, fold=fold, _name=_cell_name()
-    )
+    result = cl.exec(cell, ranks=targets, timeout=timeout, stream=stream, fold=fold)
     if not result.items() or cell.rstrip().endswith(";"):  # a trailing ; hides Out, as in IPython
         return None
     return result
-
-
-def _cell_name() -> str | None:
-    """``Cell In[5]`` for the cell running now, so tracebacks on the ranks read as IPython's."""
-    try:
-        from IPython import get_ipython
-
-        return f"Cell In[{get_ipython().execution_count}]"
-    except Exception:  # not in IPython (called directly): the cluster's own numbering
-        return None
 
 
 def load_ipython_extension(ipython) -> None:

@@ -31,11 +31,22 @@ def _id(row) -> str:
 
 @pytest.fixture(scope="module")
 def clusters():
-    """One live 2-rank cluster per notebook table, started when a row first needs it."""
+    """One live cluster per notebook table (its ``CLUSTER`` options), started when a row first
+    needs it, shut down when the next table's rows begin: one at a time on two cores."""
     import distlab
 
     live = {}
-    yield lambda nb: live.setdefault(nb, distlab.Cluster(world_size=2, timeout=60))
+
+    def get(nb):
+        if nb not in live:
+            for c in live.values():
+                c.shutdown()
+            live.clear()
+            options = {"world_size": 2, "timeout": 60, **getattr(TABLES[nb], "CLUSTER", {})}
+            live[nb] = distlab.Cluster(**options)
+        return live[nb]
+
+    yield get
     for c in live.values():
         c.shutdown()
 
@@ -51,8 +62,11 @@ def _learner(code: str, nb: str, **given):
 @pytest.mark.parametrize("row", ROWS, ids=[_id(r) for r in ROWS])
 def test_a_learners_answer_gets_the_verdict_it_deserves(row, clusters, capsys):
     nb, answer = row
-    grader, names = TABLES[nb].GRADERS[answer.exercise]
-    given = {"cluster": clusters(nb)} if "cluster" in names else {}
+    table = TABLES[nb]
+    grader, names = table.GRADERS[answer.exercise]
+    given = dict(getattr(table, "GIVEN", {}))
+    if "cluster" in names or "cluster" in answer.code:
+        given["cluster"] = clusters(nb)
     ns = _learner(answer.code, nb, **given)
     label = f"Exercise {answer.exercise}"
     start = time.monotonic()
@@ -67,8 +81,10 @@ def test_a_learners_answer_gets_the_verdict_it_deserves(row, clusters, capsys):
         assert not passed and verdict.startswith(f"{label}: ✗ not yet: "), verdict
         assert answer.says in verdict, f"the verdict should say {answer.says!r}: {verdict}"
     assert took < 40, f"the check took {took:.0f} s: a hang must be called one in seconds"
-    if "cluster" in names:  # the next cell works: the answer did not leave the cluster stuck
-        assert given["cluster"].run(dist.get_rank, _record=False) == [0, 1]
+    if "cluster" in given:  # the next cell works: the answer did not leave the cluster stuck
+        cluster = given["cluster"]
+        ranks = cluster.run(dist.get_rank, _record=False)
+        assert ranks == list(range(cluster.world_size))
 
 
 def test_every_exercise_has_three_wrong_answers_and_a_right_one():

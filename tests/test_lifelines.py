@@ -75,6 +75,7 @@ def test_without_pdeathsig_ranks_end_when_the_kernel_is_killed(method, state):
         stderr=subprocess.PIPE,
         text=True,
     )
+    pids = []
     try:
         info = json.loads(driver.stdout.readline() or "null")
         assert info, driver.stderr.read()
@@ -91,3 +92,5 @@ def test_without_pdeathsig_ranks_end_when_the_kernel_is_killed(method, state):
     finally:
         driver.kill()
         driver.wait()
+        for pid in _alive(pids):  # a failed test leaves no rank behind either
+            os.kill(pid, signal.SIGKILL)

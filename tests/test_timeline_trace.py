@@ -80,3 +80,31 @@ def test_picture_has_three_lanes_per_rank_and_a_key_for_the_labels():
     assert key == ["forward", "sync grads"]
     assert tl.png().startswith(b"\x89PNG\r\n\x1a\n")
     assert tl.png() is tl.png()  # drawn once
+
+
+def test_a_label_keeps_its_colour_in_every_picture():
+    from distlab.timeline import drawing
+
+    first_alpha = [("alpha", "user_annotation", 110, 200), ("beta", "user_annotation", 200, 300)]
+    first_beta = [("beta", "user_annotation", 110, 200), ("alpha", "user_annotation", 200, 300)]
+    a, b = trace(0, main=first_alpha), trace(0, main=first_beta)
+
+    def key(tl):
+        legend = tl.figure().legends[0]
+        return {t.get_text(): h.get_facecolor() for t, h in
+                zip(legend.get_texts(), legend.legend_handles, strict=True)}  # fmt: skip
+
+    first, second = key(timeline.Timeline([a])), key(timeline.Timeline([b]))
+    assert first == second and first["alpha"] != first["beta"]
+    assert drawing.label_colour("alpha") == drawing.label_colour("alpha")
+
+
+def test_names_are_written_on_bars_only_where_they_fit_and_comm_bars_name_the_collective():
+    from distlab.timeline.drawing import _fits
+
+    assert _fits("backward", 0.5, 1.0)  # half of an 8.8-inch axis
+    assert not _fits("backward", 0.03, 1.0)  # 0.26 inch: "backward" at 7 pt does not fit
+    tl = timeline.Timeline(_two_ranks())
+    texts = [t.get_text() for t in tl.figure().axes[0].texts]
+    assert "all_reduce" in texts and "gloo:all_reduce" not in texts
+    assert not [t for t in texts if t.startswith("backback")]

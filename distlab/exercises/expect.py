@@ -17,7 +17,7 @@ from fractions import Fraction
 
 #: Seconds a learner's function may run in a check before it is called a hang: ample for the
 #: exercises' tiny tensors on a busy laptop, short enough to wait for.
-HANG = 10.0
+HANG = 5.0
 
 
 def describe(value) -> str:

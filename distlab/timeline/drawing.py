@@ -9,7 +9,18 @@ from .._chart import BACKGROUND, COMM, COMPUTE, INK, LABELS, WAIT, key
 from .trace import Event
 
 _AXES_INCHES = 8.8  # width of the plot area in inches
-_CHAR_INCHES = 0.06  # width of a character at 7 pt, roughly
+_FONT_PT = 7
+
+#: Each label's colour, kept for as long as the kernel runs: a label has the same colour in every
+#: timeline a notebook draws (given in order of first appearance, so a re-run gives the same).
+_LABEL_COLOURS: dict[str, str] = {}
+
+
+def label_colour(base: str) -> str:
+    """The colour of label ``base`` (a label without its layer number) in every picture."""
+    if base not in _LABEL_COLOURS:
+        _LABEL_COLOURS[base] = LABELS[len(_LABEL_COLOURS) % len(LABELS)]
+    return _LABEL_COLOURS[base]
 
 
 def figure(timeline, device: str | None = None):
@@ -25,7 +36,7 @@ def figure(timeline, device: str | None = None):
             if e.kind == "label" and e.thread == "main" and e.depth == 0:
                 if _base(e.name) not in bases:
                     bases.append(_base(e.name))
-    label_colours = {b: LABELS[i % len(LABELS)] for i, b in enumerate(bases)}
+    label_colours = {b: label_colour(b) for b in bases}
     key_rows = -(-len(bases) // 3)  # the colour key below the plot, three per row
     height = 1.0 + 1.0 * n + 0.2 * key_rows
     fig = Figure(figsize=(10, height), facecolor=BACKGROUND)
@@ -64,16 +75,6 @@ def figure(timeline, device: str | None = None):
             edgecolor=INK,
             linewidth=0.4,
         )
-        for e in transport:
-            _bar_text(
-                ax,
-                e,
-                e.issued_by or e.name,
-                rows["comm"],
-                scale,
-                end,
-                bbox={"facecolor": COMM, "edgecolor": "none", "pad": 0.5},
-            )
         if device == "cpu":
             waited = [x for _, iv in timeline._wait_intervals(r) for x in iv]
             ax.broken_barh(
@@ -83,6 +84,16 @@ def figure(timeline, device: str | None = None):
                 hatch="///",
                 edgecolor=INK,
                 linewidth=0.4,
+            )
+        for e in transport:  # named after the collective, as in notebook 06's pictures
+            _bar_text(
+                ax,
+                e,
+                _collective(e.name),
+                rows["comm"],
+                scale,
+                end,
+                bbox={"facecolor": COMM, "edgecolor": "none", "pad": 0.5},
             )
         yticks += [rows["label"] + 0.12, rows["compute"] + 0.12, rows["comm"] + 0.12]
         ylabels += [f"rank {r}  labels", "compute", "comm"]
@@ -124,7 +135,7 @@ def _bar_text(
             text,
             ha="center",
             va="center",
-            fontsize=7,
+            fontsize=_FONT_PT,
             color=INK,
             clip_on=True,
             **style,
@@ -136,6 +147,11 @@ def _base(name: str) -> str:
     return re.sub(r"\s*(?:\(\d+\)|for \S+)$", "", name)
 
 
+def _collective(name: str) -> str:
+    """A transport event's collective: "gloo:all_reduce" -> "all_reduce"."""
+    return name.split(":", 1)[-1]
+
+
 def _shown(text: str, duration: float, total: float) -> str | None:
     """The text to write on a bar: ``text``, else without its "FSDP::"-like prefix, else None."""
     for candidate in (text, re.sub(r"^\w+::", "", text)):
@@ -145,5 +161,11 @@ def _shown(text: str, duration: float, total: float) -> str | None:
 
 
 def _fits(text: str, duration: float, total: float) -> bool:
-    """Whether ``text`` at 7 pt fits inside a bar of ``duration`` on an axis ``total`` long."""
-    return total > 0 and len(text) * _CHAR_INCHES * total / _AXES_INCHES < 0.95 * duration
+    """Whether ``text`` at 7 pt, measured with the font it is drawn in, fits inside a bar of
+    ``duration`` on an axis ``total`` long, with a little room on each side."""
+    if total <= 0:
+        return False
+    from matplotlib.textpath import TextPath
+
+    width_inches = TextPath((0, 0), text, size=_FONT_PT).get_extents().width / 72
+    return width_inches + 0.06 < duration / total * _AXES_INCHES

@@ -3,7 +3,11 @@
 One module per notebook (``nb04.py`` for notebook 04), each with:
 
 - ``GRADERS``: exercise number -> (the grader in `distlab.exercises.nbNN`, the names it takes,
-  in order: the learner's functions and values, or ``cluster`` for a live 2-rank cluster);
+  in order: the learner's functions and values, ``cluster`` for a live cluster, or a name in
+  ``GIVEN``);
+- ``GIVEN`` (optional): what the notebook's earlier cells define that answers and graders use
+  (a class, a helper function), name -> object; put in every answer's namespace;
+- ``CLUSTER`` (optional): the options of the live cluster, default ``{"world_size": 2}``;
 - ``ANSWERS``: `Answer` rows: what a learner did, the code they wrote (it defines the names),
   and a piece of text the verdict must contain (what was expected), or ``RIGHT`` for an answer
   that must pass. Every exercise has at least three wrong answers and one right one.
