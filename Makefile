@@ -9,7 +9,7 @@ VPY := $(VENV)/bin/python
 # Extra pytest arguments, e.g.  make test PYTEST_ARGS="-k launch -x"
 PYTEST_ARGS ?=
 
-.PHONY: setup lab test notebooks lint clean
+.PHONY: setup lab test test-spawn notebooks lint clean
 
 setup: $(VENV)/.stamp-deps $(VENV)/.stamp-kernel $(VENV)/.stamp-browser
 
@@ -47,11 +47,21 @@ lab: setup
 	$(VPY) -m jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
 	  $$( [ "$$(id -u)" -eq 0 ] && echo --allow-root )
 
-# Options live in pyproject.toml: unit tests plus every notebook re-run and compared (nbval).
+# Options live in pyproject.toml: unit tests plus every notebook re-run and compared (nbval),
+# then every notebook again on the spawn path (what a Mac runs: a fresh interpreter per rank).
 # pytest's exit status 5 means "no tests collected", which is not a failure here.
+# DISTLAB_HOME: where distlab keeps what a learner saves (notebook 08's fit); the tests use
+# their own, so that `make test` never overwrites yours.
+TEST_HOME := $(CURDIR)/.venv/test-home
 test: setup
-	$(VPY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	DISTLAB_HOME=$(TEST_HOME) $(VPY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(MAKE) --no-print-directory test-spawn
+
+# The notebooks as a Mac runs them (DISTLAB_START_METHOD=spawn), compared strictly too.
+test-spawn: setup
+	DISTLAB_HOME=$(TEST_HOME) DISTLAB_START_METHOD=spawn $(VPY) -m pytest \
+	  --durations=10 notebooks
 
 # Re-execute every notebook in place, top to bottom in a fresh kernel, one at a time so that a
 # failure names its notebook. Run this after changing a notebook or distlab, then commit the result.

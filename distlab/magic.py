@@ -70,4 +70,5 @@ def ranks(line: str, cell: str):
 
 
 def load_ipython_extension(ipython) -> None:
+    """What ``%load_ext distlab`` runs: registers the ``%%ranks`` cell magic."""
     ipython.register_magic_function(ranks, magic_kind="cell", magic_name="ranks")

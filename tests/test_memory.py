@@ -41,6 +41,17 @@ def test_adam_on_one_process_holds_4_4_and_8_bytes_per_parameter():
     assert u.peak_rss > 10 * 2**20 and u.cuda_peak is None
 
 
+def test_two_parameters_over_one_storage_count_once():
+    # Tied as a model loaded from a checkpoint ties them: two Parameter objects, one storage
+    # (parameters() de-duplicates objects, not storages).
+    model = _model()
+    model[2].weight = torch.nn.Parameter(model[0].weight.data)
+    assert model[2].weight is not model[0].weight
+    assert len(list(model.parameters())) == 4
+    u = memory.measure(model)
+    assert u.params == 4 * (PSI - 64) and u.numel == PSI - 64
+
+
 def test_sgd_without_momentum_has_no_state_and_shared_weights_count_once():
     model = _model()
     model[2].weight = model[0].weight  # tied: one tensor, two places
@@ -187,7 +198,3 @@ def test_bad_input_is_refused_with_what_to_do():
         memory.compare([_usage(0, 4, 4, 8)])
     with pytest.raises(ValueError, match="at least one"):
         memory.compare()
-
-
-def test_exported_from_distlab():
-    assert distlab.memory is memory

@@ -49,6 +49,11 @@ def test_fold_shows_shared_leading_lines_once_then_what_differs():
     assert _output.render(outputs).count("UserWarning") == 4
 
 
+def test_fold_groups_the_first_and_last_rank_around_a_middle_one_that_differs():
+    out = _output.render({0: "a\nsame\n", 1: "a\nother\n", 2: "a\nsame\n"}, fold=True)
+    assert out == "[ranks 0-2] a\n[ranks 0,2] same\n[rank 1] other\n"
+
+
 def test_fold_keeps_blank_lines_and_ranks_that_printed_nothing():
     outputs = {0: "a\n\nb\n", 1: "a\n\nb\n", 2: "", 3: "a\n\nc\n"}
     assert _output.render(outputs, fold=True) == (

@@ -126,14 +126,6 @@ def test_non_numbers_and_bad_arrows_are_value_errors():
         pictures.collective("x", before=[[1], [2]], after=[[1], [2]], arrows=[0])
 
 
-def test_importable_as_a_submodule_of_distlab():
-    import distlab
-    import distlab.pictures
-
-    assert distlab.pictures is pictures
-    assert callable(pictures.collective)
-
-
 def test_long_titles_and_labels_fit_inside_the_figure():
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 

@@ -244,8 +244,3 @@ def test_bad_input_is_refused_with_what_to_do():
         tl.compute(0, device="tpu")
     with pytest.raises(FileNotFoundError):
         tl.save("/nonexistent-dir/trace.json")
-
-
-def test_exported_from_distlab():
-    assert distlab.timeline is timeline
-    assert callable(timeline.record) and callable(timeline.collect)

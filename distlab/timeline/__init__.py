@@ -49,7 +49,9 @@ Chrome trace (`chrome`) and a picture (`drawing`), all reached through `Timeline
 from __future__ import annotations
 
 from ..errors import entry_point
-from .recording import recording, run_recorded, take_last
+from .recording import recording
+from .recording import run_recorded as _run_recorded
+from .recording import take_last as _take_last
 from .timeline import Timeline
 from .trace import Event
 
@@ -95,7 +97,7 @@ def record(fn, *args, cluster=None, sync: bool = True, cuda: bool | None = None,
     if not isinstance(sync, bool):
         raise TypeError(f"sync must be True or False, got {sync!r}")
     options, fn_kwargs = split_options(kwargs)
-    out = on_ranks(run_recorded, (fn, args, fn_kwargs, sync, cuda), options, cluster=cluster)
+    out = on_ranks(_run_recorded, (fn, args, fn_kwargs, sync, cuda), options, cluster=cluster)
     return Timeline([trace for _, trace in out], results=[value for value, _ in out])
 
 
@@ -121,7 +123,7 @@ def collect(cluster=None) -> Timeline:
 
     traces = from_every_rank(
         cluster,
-        take_last,
+        _take_last,
         missing="have recorded nothing yet. In a %%ranks cell (on every rank), first run:\n"
         "    from distlab import timeline\n"
         "    with timeline.recording():\n"

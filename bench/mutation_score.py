@@ -1,0 +1,216 @@
+"""Mutation score: realistic one-line bugs put into distlab, one at a time, and whether the tests
+named for that behaviour catch them.
+
+Each mutation replaces one exact line fragment in one module, runs the test files that cover it
+(pytest -x, stopping at the first failure), and restores the module, whatever happens. A
+mutation is *caught* when the tests fail. Run it on a quiet machine (it runs real ranks):
+
+    .venv/bin/python bench/mutation_score.py              # all mutations
+    .venv/bin/python bench/mutation_score.py 3 7          # only these (numbers from the table)
+
+Prints one row per mutation and the score. The list is the bugs a maintainer could plausibly
+write, on every layer: the rank machinery, errors, output, timeline, memory, exercises, doctor.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    what: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS = [
+    Mutation(
+        "Cluster.run/exec/%%ranks ignore the per-call timeout",
+        "distlab/cluster.py",
+        "timeout = self.timeout if timeout is None else _config.check_timeout(timeout)",
+        "timeout = self.timeout",
+        ("tests/test_cluster.py",),
+    ),
+    Mutation(
+        "the watch thread does not end the rank when the kernel goes",
+        "distlab/_ranks/rank.py",
+        "os.killpg(0, signal.SIGKILL)",
+        "return",
+        ("tests/test_lifelines.py",),
+    ),
+    Mutation(
+        "memory.measure counts two Parameters over one storage twice",
+        "distlab/memory.py",
+        "key = (local.data_ptr(), local.numel()) if local.numel() else id(p)",
+        "key = id(p)",
+        ("tests/test_memory.py",),
+    ),
+    Mutation(
+        "doctor ticks loopback whatever the ranks listen on",
+        "distlab/doctor.py",
+        "        not public,\n",
+        "        True,\n",
+        ("tests/test_doctor.py",),
+    ),
+    Mutation(
+        "folding groups only neighbouring ranks",
+        "distlab/_output.py",
+        "groups.setdefault(values[r], []).append(r)",
+        "groups.setdefault((values[r], r if r and values.get(r - 1) != values[r] else 0), [])"
+        ".append(r)",
+        ("tests/test_output.py",),
+    ),
+    Mutation(
+        "a peer's closed connection is taken for a root cause",
+        "distlab/errors.py",
+        'r"Connection closed by peer|Connection reset|',
+        'r"Connection reset|',
+        ("tests/test_errors.py",),
+    ),
+    Mutation(
+        "a task's end marker is left in its output",
+        "distlab/_ranks/proc.py",
+        "rest = self.buf[idx + len(mark) :]",
+        "rest = self.buf[idx:]",
+        ("tests/test_launcher.py", "tests/test_cluster.py"),
+    ),
+    Mutation(
+        "ranks' blocks printed in reverse rank order",
+        "distlab/_output.py",
+        '        return "".join(prefix(r, outputs[r]) for r in sorted(outputs) if outputs[r])',
+        '        return "".join(prefix(r, outputs[r]) for r in sorted(outputs)[::-1] if outputs[r])',
+        ("tests/test_output.py", "tests/test_launcher.py"),
+    ),
+    Mutation(
+        "timeline compute counts time blocked in a wait",
+        "distlab/timeline/metrics.py",
+        'if e.kind in ("comm", "wait")',
+        'if e.kind in ("comm",)',
+        ("tests/test_timeline_metrics.py",),
+    ),
+    Mutation(
+        "timeline wait sums collectives instead of their union",
+        "distlab/timeline/timeline.py",
+        "return length(union([x for _, iv in self._wait_intervals(rank) for x in iv]))",
+        "return sum(length(iv) for _, iv in self._wait_intervals(rank))",
+        ("tests/test_timeline_metrics.py",),
+    ),
+    Mutation(
+        "check calls a skeleton wrong instead of not attempted",
+        "distlab/exercises/__init__.py",
+        "        return _not_attempted(label, str(e))",
+        '        return _wrong(label, "not implemented")',
+        ("tests/test_exercises.py",),
+    ),
+    Mutation(
+        "expect.same compares lists with zip alone",
+        "distlab/exercises/expect.py",
+        "        if len(got) != len(want):",
+        "        if False:",
+        ("tests/test_exercise_mistakes.py",),
+    ),
+    Mutation(
+        "world_size=0 accepted",
+        "distlab/_config.py",
+        "    if world_size < 1:",
+        "    if world_size < 0:",
+        ("tests/test_launcher.py",),
+    ),
+    Mutation(
+        "restart does not replay what set the ranks up",
+        "distlab/cluster.py",
+        "        history = self._history if replay else []",
+        "        history = []",
+        ("tests/test_cluster.py", "tests/test_exercise_mistakes.py"),
+    ),
+    Mutation(
+        "killing a rank leaves what it started running",
+        "distlab/_ranks/proc.py",
+        "        for kill in (os.killpg, os.kill):",
+        "        for kill in (os.kill,):",
+        ("tests/test_launcher.py",),
+    ),
+    Mutation(
+        "the timeout counts from the submit, not from when the ranks began",
+        "distlab/_ranks/group.py",
+        "                began = max([task.started, *task.began.values()])",
+        "                began = task.started",
+        ("tests/test_launcher.py",),
+    ),
+    Mutation(
+        "cell numbers left in the text nbval compares",
+        "distlab/_readable.py",
+        """        return f'File "<cell>", line {line}'""",
+        """        return f"Cell In[{numbers[filename]}], line {line}\"""",
+        ("tests/test_magic.py",),
+    ),
+    Mutation(
+        "an argument that cannot be pickled is blamed on the function",
+        "distlab/_ranks/ship.py",
+        '        parts += [(f"positional argument {i} ({type(a).__name__})", a) for i, a in '
+        "enumerate(args)]",
+        "        parts += []",
+        ("tests/test_launcher.py",),
+    ),
+    Mutation(
+        "the start limit is never enforced",
+        "distlab/_ranks/group.py",
+        "        if task.unstarted and not task.failures:",
+        "        if False:",
+        ("tests/test_launcher.py",),
+    ),
+    Mutation(
+        "a hang on the ranks is not called a hang by check",
+        "distlab/exercises/__init__.py",
+        "        return _wrong(label, _hang(e))",
+        "        raise",
+        ("tests/test_exercises.py",),
+    ),
+]
+
+
+def _run(m: Mutation) -> tuple[bool, float, str]:
+    path = ROOT / m.file
+    original = path.read_text()
+    if original.count(m.old) != 1:
+        return False, 0.0, f"the fragment is found {original.count(m.old)} times: fix the table"
+    path.write_text(original.replace(m.old, m.new))
+    try:
+        start = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+             "-o", "addopts=", *m.tests],  # fmt: skip
+            cwd=ROOT, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        took = time.monotonic() - start
+        last = (out.stdout.strip().splitlines() or [""])[-1]
+        return out.returncode != 0, took, last
+    finally:
+        path.write_text(original)
+
+
+def main() -> None:
+    chosen = {int(a) for a in sys.argv[1:]}
+    rows = []
+    for n, m in enumerate(MUTATIONS, start=1):
+        if chosen and n not in chosen:
+            continue
+        caught, took, last = _run(m)
+        rows.append((n, m, caught, took, last))
+        print(f"{n:>2} {'caught  ' if caught else 'SURVIVED'} {took:6.0f} s  {m.what}  ({last})",
+              flush=True)  # fmt: skip
+    score = sum(caught for *_, caught, _, _ in rows)
+    print(f"\n{score} of {len(rows)} mutations caught ({score / len(rows):.0%})")
+
+
+if __name__ == "__main__":
+    main()
