@@ -87,7 +87,8 @@ MUTATIONS = [
         "ranks' blocks printed in reverse rank order",
         "distlab/_output.py",
         '        return "".join(prefix(r, outputs[r]) for r in sorted(outputs) if outputs[r])',
-        '        return "".join(prefix(r, outputs[r]) for r in sorted(outputs)[::-1] if outputs[r])',
+        '        return "".join(prefix(r, outputs[r]) for r in sorted(outputs)[::-1] '
+        "if outputs[r])",
         ("tests/test_output.py", "tests/test_launcher.py"),
     ),
     Mutation(
