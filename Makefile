@@ -69,7 +69,7 @@ notebooks: setup
 	@for nb in notebooks/[0-9]*.ipynb; do \
 	  if [ ! -e "$$nb" ]; then echo "no notebooks to run"; exit 0; fi; \
 	  echo "running $$nb"; \
-	  $(VPY) -m jupyter nbconvert --to notebook --execute --inplace \
+	  DISTLAB_HOME=$(TEST_HOME) $(VPY) -m jupyter nbconvert --to notebook --execute --inplace \
 	    --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.kernel_name=python3 "$$nb" \
 	    || { echo "FAILED: $$nb"; exit 1; }; \
 	done

@@ -1,0 +1,526 @@
+"""distlab.gradcheck: parallel layouts of the tiny GPT against one process, right and wrong.
+
+The multi-rank cases run in two launches (one at 2 ranks for every 2-rank layout, one at 4
+ranks for FSDP x TP) shared by the tests that read them, so the file stays fast on two cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import re
+import sys
+import traceback
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import distlab
+from distlab import gpt, gradcheck
+from distlab.gradcheck.hints import shape_hint
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+quick = pytest.mark.quick
+
+CONFIG = gpt.Config()
+STEPS, BATCH = 3, 8
+
+
+# ---------------------------------------------------------------- what the ranks run
+
+
+def _train(model, opt, recorder, local=None, loss_ctx=None, after_backward=None):
+    """Train STEPS steps on BATCH-sized global batches; `local` picks this rank's part."""
+    for step in range(STEPS):
+        tokens, targets = gpt.batch(step, BATCH, CONFIG)
+        if local is not None:
+            tokens, targets = local(tokens), local(targets)
+        with loss_ctx() if loss_ctx else contextlib.nullcontext():
+            loss = gpt.loss(model(tokens), targets)
+            loss.backward()
+        if after_backward is not None:
+            after_backward(model)
+        opt.step()
+        recorder.record(step, loss, model, opt)
+        opt.zero_grad()
+    return recorder
+
+
+def _my_rows(t):
+    return t.chunk(dist.get_world_size())[dist.get_rank()]
+
+
+class _Copy(torch.autograd.Function):
+    """Megatron's f: identity forward, all-reduce of the gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+class _Reduce(torch.autograd.Function):
+    """Megatron's g: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _HandTPMLP(nn.Module):
+    """A tensor-parallel MLP by hand: this rank holds hidden units `part` of `world`."""
+
+    def __init__(self, mlp, part, world):
+        super().__init__()
+        self.w1 = nn.Linear(1, 1, bias=False)
+        self.w1.weight = nn.Parameter(mlp.w1.weight.detach().chunk(world, 0)[part].clone())
+        self.act = nn.GELU()
+        self.w2 = nn.Linear(1, 1, bias=False)
+        self.w2.weight = nn.Parameter(mlp.w2.weight.detach().chunk(world, 1)[part].clone())
+
+    def forward(self, x):
+        return _Reduce.apply(self.w2(self.act(self.w1(_Copy.apply(x)))))
+
+
+def _global_heads(self, x):
+    """Attention.forward with the classic TP mistake: the global head count in the reshape."""
+    b, s, _ = x.shape
+    heads = CONFIG.n_heads  # a rank holds n_heads / tp heads: the head size comes out wrong
+    q = self.wq(x).view(b, s, heads, -1).transpose(1, 2)
+    k = self.wk(x).view(b, s, heads, -1).transpose(1, 2)
+    v = self.wv(x).view(b, s, heads, -1).transpose(1, 2)
+    scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    scores = scores + torch.full((s, s), float("-inf")).triu(1)
+    out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, -1)
+    return self.wo(out)
+
+
+def _pipeline(layer_offset_of):
+    """Two pipeline stages (torch.distributed.pipelining, GPipe, 2 microbatches): rank 0 has
+    the embeddings and layers.0, rank 1 layers.1 (its local layers.0), the norm and the head."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    rank = dist.get_rank()
+    model = gpt.GPT(CONFIG)
+    if rank == 0:
+        model.layers = nn.ModuleList(model.layers[:1])
+        model.norm = model.head = None
+    else:
+        model.layers = nn.ModuleList(model.layers[1:])  # renumbered from 0
+        model.tok = model.pos = None
+    stage = PipelineStage(model, rank, 2, torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=gpt.loss)
+    opt = gpt.make_optimizer(model.parameters())
+    recorder = gradcheck.Recorder(layer_offset=layer_offset_of(rank))
+    for step in range(STEPS):
+        tokens, targets = gpt.batch(step, BATCH, CONFIG)
+        losses = []
+        if rank == 0:
+            schedule.step(tokens)
+        else:
+            schedule.step(target=targets, losses=losses)
+        opt.step()
+        loss = torch.stack(losses).mean() if losses else None  # equal microbatches
+        recorder.record(step, loss, model, opt)
+        opt.zero_grad()
+    return recorder
+
+
+def _two_rank_layouts():
+    """Every 2-rank layout, right and wrong; returns name -> Recorder (or the traceback)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (world,))
+
+    def ddp():
+        model = DDP(gpt.GPT(CONFIG))
+        recorder = gradcheck.Recorder(loss_group="world")  # each rank: its own quarter's loss
+        return _train(model, gpt.make_optimizer(model.parameters()), recorder, _my_rows)
+
+    def fsdp():
+        model = gpt.GPT(CONFIG)
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        recorder = gradcheck.Recorder(loss_group=mesh)
+        return _train(model, gpt.make_optimizer(model.parameters()), recorder, _my_rows)
+
+    def tp(attention_forward=None, sequence_parallel=False):
+        model = parallelize_module(gpt.GPT(CONFIG), mesh, gpt.tp_plan(sequence_parallel))
+        if attention_forward is not None:
+            for layer in model.layers:
+                layer.attn.forward = attention_forward.__get__(layer.attn)
+        wq = model.layers[0].attn.wq.weight
+        placements[attention_forward is None] = (str(wq.placements), tuple(wq.to_local().shape))
+        opt = gpt.make_optimizer(model.parameters())
+        return _train(model, opt, gradcheck.Recorder(), loss_ctx=loss_parallel)
+
+    def hand_dp(sync):
+        model = gpt.GPT(CONFIG)
+        opt = gpt.make_optimizer(model.parameters())
+        return _train(model, opt, gradcheck.Recorder(loss_group="world"), _my_rows, None, sync)
+
+    def all_reduce_and_divide(model):
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world
+
+    def all_reduce_only(model):  # planted: the division by the world size is forgotten
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+
+    def hand_tp(part, shards):
+        model = gpt.GPT(CONFIG)
+        for layer in model.layers:
+            layer.mlp = _HandTPMLP(layer.mlp, part, world)
+        recorder = gradcheck.Recorder(shards=shards)
+        return _train(model, gpt.make_optimizer(model.parameters()), recorder)
+
+    right = {"layers.*.mlp.w1.weight": 0, "layers.*.mlp.w2.weight": 1}
+    placements = {}
+    cases = {
+        "ddp": ddp,
+        "fsdp": fsdp,
+        "tp": tp,
+        "tp_sequence_parallel": lambda: tp(sequence_parallel=True),
+        "tp_global_heads": lambda: tp(_global_heads),
+        "dp_by_hand": lambda: hand_dp(all_reduce_and_divide),
+        "dp_missing_all_reduce": lambda: hand_dp(lambda model: None),
+        "dp_forgotten_division": lambda: hand_dp(all_reduce_only),
+        "tp_by_hand": lambda: hand_tp(rank, right),
+        "tp_by_hand_shards_swapped": lambda: hand_tp(world - 1 - rank, right),
+        "tp_by_hand_wrong_shard_dim": lambda: hand_tp(rank, dict.fromkeys(right, 0)),
+        "pipeline": lambda: _pipeline(lambda r: r),
+        "pipeline_without_offset": lambda: _pipeline(lambda r: 0),
+    }
+    out = {}
+    for name, case in cases.items():
+        try:
+            out[name] = case()
+        except Exception:
+            out[name] = traceback.format_exc()
+    out["placements"] = placements
+    return out
+
+
+def _fsdp_times_tp():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(gpt.GPT(CONFIG), mesh["tp"], gpt.tp_plan())
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    dp = mesh.get_local_rank("dp")
+    recorder = gradcheck.Recorder(loss_group=mesh["dp"])
+    opt = gpt.make_optimizer(model.parameters())
+    return _train(model, opt, recorder, lambda t: t.chunk(2)[dp], loss_parallel)
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return gpt.reference_run(CONFIG, STEPS, batch_size=BATCH)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    per_rank = distlab.launch(_two_rank_layouts, world_size=2, timeout=120)
+    return {name: [r[name] for r in per_rank] for name in per_rank[0]}
+
+
+def _report(runs, name, reference):
+    records = runs[name]
+    for r in records:
+        if isinstance(r, str):
+            pytest.fail(f"layout {name} raised on a rank:\n{r}")
+    return gradcheck.compare(records, reference)
+
+
+# ---------------------------------------------------------------- right layouts pass
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["ddp", "fsdp", "tp", "tp_sequence_parallel", "dp_by_hand", "tp_by_hand", "pipeline"],
+)
+def test_a_correct_layout_equals_one_process(runs, reference, layout):
+    report = _report(runs, layout, reference)
+    assert report.ok, report.text()
+    assert report.text().startswith("✓ equal to one process: 3 steps, 126 tensors per step")
+    assert report.max_rel < 2e-4
+
+
+def test_tensor_parallel_really_splits_the_heads(runs):
+    # rank r holds heads 2r, 2r+1 of wq: rows 16r .. 16r+15 of the (32, 32) weight
+    assert runs["placements"][0][True] == ("(Shard(dim=0),)", (16, 32))
+
+
+def test_fsdp_times_tp_on_four_ranks_equals_one_process(reference):
+    records = distlab.launch(_fsdp_times_tp, world_size=4, timeout=120)
+    report = gradcheck.compare(records, reference)
+    assert report.ok, report.text()
+
+
+# ---------------------------------------------------------------- planted mistakes are named
+
+
+def test_missing_all_reduce_names_the_first_gradient_and_says_the_ranks_average_to_it(
+    runs, reference
+):
+    m = _report(runs, "dp_missing_all_reduce", reference).mismatch
+    assert (m.name, m.step, m.rank, m.ranks) == ("tok.weight.grad", 0, 0, (0, 1))
+    assert "their average is the reference" in m.hint and "missing all-reduce" in m.hint
+
+
+def test_forgotten_division_is_exactly_world_size_times_the_gradient(runs, reference):
+    report = _report(runs, "dp_forgotten_division", reference)
+    m = report.mismatch
+    assert (m.name, m.step, m.rank) == ("tok.weight.grad", 0, 0)
+    assert m.max_rel == pytest.approx(1.0)
+    assert "exactly 2x the reference" in m.hint and "forgotten division" in m.hint
+    assert report.text().startswith("✗ tok.weight.grad differs on rank 0 at step 0: max abs")
+
+
+def test_wrong_head_count_under_tensor_parallel_is_caught_before_the_loss_shows_it(
+    runs, reference
+):
+    # At initialisation attention is nearly uniform: 4 heads of 4 features instead of 2 heads
+    # of 8 per rank move the step-0 loss by ~1e-6 only (within tolerance); the very first
+    # gradients show it (the embedding's already, by ~1e-3; wq's and wk's by ~100%).
+    m = _report(runs, "tp_global_heads", reference).mismatch
+    assert (m.kind, m.step, m.ranks) == ("grads", 0, (0, 1))
+    assert re.search(r"the loss agrees \(to \d\.\de-0[56] relative", m.hint)
+    assert "a forward mistake that barely moves the loss yet" in m.hint
+    assert runs["tp_global_heads"][0].losses[2] != pytest.approx(reference.losses[2], rel=1e-4)
+
+
+def test_shards_in_the_wrong_order_are_named_as_permuted_chunks(runs, reference):
+    # Each rank holds the other's hidden units, consistently in w1 and w2: the loss is right,
+    # and only the gathered gradient shows it.
+    m = _report(runs, "tp_by_hand_shards_swapped", reference).mismatch
+    assert (m.name, m.step) == ("layers.0.mlp.w1.weight.grad", 0)
+    assert "chunks along dim 0 are the reference's in the order [1, 0]" in m.hint
+
+
+def test_wrong_shard_dim_is_named_with_both_dims(runs, reference):
+    m = _report(runs, "tp_by_hand_wrong_shard_dim", reference).mismatch
+    assert (m.name, m.problem) == ("layers.0.mlp.w2.weight.grad", "shape")
+    assert "shape (64, 64) instead of (32, 128)" in m.hint
+    assert "sharded along dim 1 was gathered along dim 0" in m.hint
+
+
+def test_pipeline_stage_recorded_without_its_layer_offset_is_recognised(runs, reference):
+    m = _report(runs, "pipeline_without_offset", reference).mismatch
+    assert (m.name, m.rank, m.ranks) == ("layers.0.ln1.weight.grad", 1, (1,))
+    assert "the values are the reference's layers.1.ln1.weight.grad" in m.hint
+    assert "only rank 1 differs, rank 0 agrees" in m.hint
+
+
+# ---------------------------------------------------------------- one process: the rules
+
+
+def _copy(recorder):
+    return pickle.loads(pickle.dumps(recorder))
+
+
+@quick
+def test_reference_equals_itself_in_one_line(reference):
+    report = gradcheck.compare([_copy(reference)], reference)
+    assert report.ok and bool(report) and report.mismatch is None
+    assert str(report) == (
+        "✓ equal to one process: 3 steps, 126 tensors per step (loss, 25 gradients, "
+        "25 parameters, 75 optimizer state), max relative error 0.0e+00"
+    )
+    report.check()
+
+
+@quick
+def test_the_first_difference_in_step_loss_grad_param_state_order_is_named(reference):
+    mine = _copy(reference)
+    mine.steps[2].loss += 1.0
+    mine.steps[1].state["norm.weight.exp_avg"] *= 3
+    mine.steps[1].params["layers.1.attn.wv.weight"] += 1.0
+    assert gradcheck.compare([mine], reference).mismatch.name == "layers.1.attn.wv.weight"
+    mine.steps[1].grads["layers.1.mlp.w2.weight"] *= -1
+    mine.steps[1].grads["layers.0.attn.wq.weight"] *= -1
+    m = gradcheck.compare([mine], reference).mismatch
+    assert (m.name, m.step, m.kind) == ("layers.0.attn.wq.weight.grad", 1, "grads")
+    assert "the negative of the reference" in m.hint
+    mine.steps[0].state["tok.weight.exp_avg_sq"] *= 0.75
+    m = gradcheck.compare([mine], reference).mismatch
+    assert (m.name, m.step) == ("tok.weight.exp_avg_sq", 0) and "exactly 3/4x" in m.hint
+    with pytest.raises(AssertionError, match="tok.weight.exp_avg_sq differs"):
+        gradcheck.compare([mine], reference).check()
+
+
+@quick
+def test_one_over_world_size_is_an_extra_division(reference):
+    ranks = [_copy(reference) for _ in range(4)]
+    for r in ranks:
+        r.steps[0].grads["pos.weight"] /= 4
+    m = gradcheck.compare(ranks, reference).mismatch
+    assert (m.name, m.ranks) == ("pos.weight.grad", (0, 1, 2, 3))
+    assert "exactly 1/4 of the reference" in m.hint and "once too often" in m.hint
+
+
+@quick
+def test_world_size_times_the_reference_is_a_forgotten_division(reference):
+    ranks = [_copy(reference) for _ in range(3)]
+    for r in ranks:
+        r.steps[0].grads["layers.0.mlp.w1.weight"] *= 3
+    m = gradcheck.compare(ranks, reference).mismatch
+    assert m.name == "layers.0.mlp.w1.weight.grad" and m.max_rel == pytest.approx(2.0)
+    assert "exactly 3x the reference" in m.hint and "forgotten division" in m.hint
+
+
+@quick
+def test_chunks_in_another_order_are_named_as_such(reference):
+    mine = _copy(reference)
+    g = reference.steps[0].grads["layers.1.mlp.w2.weight"]  # (32, 128)
+    mine.steps[0].grads["layers.1.mlp.w2.weight"] = torch.cat(g.chunk(2, 1)[::-1], 1)
+    m = gradcheck.compare([mine, _copy(reference)], reference).mismatch
+    assert "its 2 chunks along dim 1 are the reference's in the order [1, 0]" in m.hint
+    mine.steps[0].grads["layers.1.mlp.w2.weight"] = torch.cat([g.chunk(2, 1)[0]] * 2, 1)
+    m = gradcheck.compare([mine, _copy(reference)], reference).mismatch
+    assert "its 2 chunks along dim 1 are the reference's chunks [0, 0]" in m.hint
+
+
+@quick
+def test_ranks_that_add_up_to_the_reference_hold_partial_sums(reference):
+    ranks = [_copy(reference) for _ in range(2)]
+    g = reference.steps[0].grads["norm.weight"]
+    ranks[0].steps[0].grads["norm.weight"] = g * 0.25
+    ranks[1].steps[0].grads["norm.weight"] = g * 0.75
+    m = gradcheck.compare(ranks, reference).mismatch
+    assert "their sum is the reference" in m.hint
+
+
+@quick
+def test_only_the_ranks_that_differ_are_named(reference):
+    ranks = [_copy(reference) for _ in range(3)]
+    ranks[2].steps[0].grads["norm.bias"] = ranks[2].steps[0].grads["norm.bias"] * 2
+    m = gradcheck.compare(ranks, reference).mismatch
+    assert (m.name, m.rank, m.ranks) == ("norm.bias.grad", 2, (2,))
+    assert "only rank 2 differs, ranks 0, 1 agree with one process" in m.hint
+
+
+@quick
+def test_interleaved_rows_are_named_as_a_permutation(reference):
+    mine = _copy(reference)
+    g = reference.steps[0].grads["head.weight"]  # (64, 32)
+    mine.steps[0].grads["head.weight"] = torch.cat([g[0::2], g[1::2]])
+    m = gradcheck.compare([mine, _copy(reference)], reference).mismatch
+    assert "its slices along dim 0 are the reference's, permuted (0, 2, 4" in m.hint
+
+
+@quick
+@pytest.mark.parametrize(
+    "got, want, says",
+    [
+        ((16, 32), (32, 32), "dim 0 is 1/2 of the reference's"),
+        ((32, 64), (32, 32), "dim 1 is 2x the reference's"),
+        ((64, 16), (32, 32), "sharded along dim 1 was gathered along dim 0"),
+        ((128, 32), (32, 128), "transposed"),
+        ((1024,), (32, 32), "1 dims instead of 2"),
+    ],
+)
+def test_shape_hints_name_the_dim(got, want, says):
+    assert says in shape_hint(got, want)
+
+
+@quick
+def test_missing_unexpected_and_absent_gradients_are_named(reference):
+    mine = _copy(reference)
+    del mine.steps[0].params["norm.bias"]
+    m = gradcheck.compare([mine], reference).mismatch
+    assert (m.name, m.problem, m.rank) == ("norm.bias", "missing", None)
+    mine = _copy(reference)
+    mine.steps[0].grads["module.norm.bias"] = mine.steps[0].grads["norm.bias"]
+    m = gradcheck.compare([mine], reference).mismatch
+    assert (m.name, m.problem) == ("module.norm.bias.grad", "unexpected")
+    mine = _copy(reference)
+    mine.steps[1].grads["pos.weight"] = None
+    m = gradcheck.compare([mine], reference).mismatch
+    assert (m.name, m.problem, m.step) == ("pos.weight.grad", "no gradient", 1)
+    assert "pos.weight.grad is None on rank 0 at step 1" in str(gradcheck.compare([mine],
+                                                                                  reference))
+
+
+@quick
+def test_records_travel_without_their_process_groups():
+    recorder = gradcheck.Recorder(rename=lambda n: n, shards={"x": 0})
+    back = pickle.loads(pickle.dumps(recorder))
+    assert back._rename is None and back.shards == {"x": 0} and back.steps == {}
+
+
+@quick
+def test_names_drop_wrappers_and_shift_layers():
+    assert gradcheck.clean_name("module.layers.1.attn.wq.weight", 2) == "layers.3.attn.wq.weight"
+    assert gradcheck.clean_name("_orig_mod.layers.0._checkpoint_wrapped_module.ln1.bias") == (
+        "layers.0.ln1.bias"
+    )
+    assert gradcheck.clean_name("layers.10.mlp.w1.weight", 1) == "layers.11.mlp.w1.weight"
+
+
+@quick
+def test_an_optimizer_built_before_the_model_changed_is_refused():
+    model = gpt.GPT(CONFIG)
+    opt = gpt.make_optimizer(model.parameters())
+    model.norm.weight = nn.Parameter(model.norm.weight.detach().clone())  # as fully_shard does
+    with pytest.raises(ValueError, match="build the optimizer after fully_shard"):
+        gradcheck.Recorder().record(0, 1.0, model, opt)
+
+
+@quick
+def test_recorder_refuses_a_step_twice_and_bad_arguments():
+    model = gpt.GPT(CONFIG)
+    recorder = gradcheck.Recorder()
+    recorder.record(0, torch.tensor(2.0), model)
+    assert recorder.losses == [2.0] and recorder.steps[0].grads["tok.weight"] is None
+    with pytest.raises(ValueError, match="step 0 was recorded already"):
+        recorder.record(0, 2.0, model)
+    with pytest.raises(TypeError, match="must be a torch.nn.Module"):
+        recorder.record(1, 2.0, model.state_dict())
+    with pytest.raises(ValueError, match="layer_offset must be an int >= 0"):
+        gradcheck.Recorder(layer_offset=-1)
+    with pytest.raises(ValueError, match="must be a dim"):
+        gradcheck.Recorder(shards={"*.w1.weight": "0"})
+
+
+@quick
+def test_compare_refuses_what_it_cannot_compare(reference):
+    with pytest.raises(TypeError, match="one recording per rank"):
+        gradcheck.compare(reference, reference)
+    with pytest.raises(ValueError, match="empty list"):
+        gradcheck.compare([], reference)
+    with pytest.raises(TypeError, match="reference must be a Recorder"):
+        gradcheck.compare([reference], None)
+    with pytest.raises(ValueError, match="atol must be a number >= 0"):
+        gradcheck.compare([reference], reference, atol=-1)
+    longer = gpt.reference_run(CONFIG, STEPS + 1, batch_size=BATCH)
+    with pytest.raises(ValueError, match="run the reference with steps=4"):
+        gradcheck.compare([longer], reference)
