@@ -16,8 +16,12 @@ then shown side by side in the kernel, in the same three ways as `distlab.timeli
 What is counted: a parameter or gradient that is a `DTensor` (FSDP's ``fully_shard``, tensor
 parallel) counts with its **local** shard; `ZeroRedundancyOptimizer` counts the state of the
 local optimizer it keeps for this rank's share of the parameters. A tensor shared by two
-parameters counts once. Activations, communication buffers (DDP's buckets unless
-``gradient_as_bucket_view=True``), and the allocator's spare memory are not counted: `Usage` also
+parameters counts once. Activations are counted when you pass what `distlab.activations.Meter`
+measured (``measure(model, opt, activations=meter.result)``): the bytes saved for backward, a
+fourth part of the table, kept apart from ``total`` because they live between a forward and its
+backward while gradients appear during the backward (the peak is not the plain sum).
+Communication buffers (DDP's buckets unless ``gradient_as_bucket_view=True``) and the
+allocator's spare memory are not counted: `Usage` also
 carries the process's measured peak (``peak_rss``, from ``getrusage``; ``cuda_peak``, from
 ``torch.cuda.max_memory_allocated``), which includes everything, libraries too, and varies from
 run to run, so the text form never shows it.
@@ -37,6 +41,7 @@ from .errors import entry_point
 __all__ = ["Comparison", "Table", "Usage", "collect", "compare", "measure", "record"]
 
 _PARTS = ("params", "grads", "optimizer")
+_ALL_PARTS = (*_PARTS, "activations")
 
 
 @dataclass(frozen=True)
@@ -46,10 +51,12 @@ class Usage:
     ``params``, ``grads``: local bytes of the model's parameters and of their ``.grad``;
     ``optimizer``: the optimizer's per-element state (Adam's ``exp_avg`` and ``exp_avg_sq``,
     SGD's momentum buffer: tensors as large as their parameter); ``optimizer_other``: its other
-    state tensors (Adam's ``step`` counters, one small tensor per parameter). ``total`` is
-    params + grads + optimizer. Measured, not computed, and never shown in text: ``peak_rss``,
-    the process's peak resident memory, and ``cuda_peak``, ``torch.cuda.max_memory_allocated()``
-    (None without CUDA). ``numel`` is the number of local parameter elements.
+    state tensors (Adam's ``step`` counters, one small tensor per parameter); ``activations``:
+    the bytes saved for backward, when `measure` was given them (else 0). ``total`` is
+    params + grads + optimizer: what the rank keeps from step to step. Measured, not computed,
+    and never shown in text: ``peak_rss``, the process's peak resident memory, and
+    ``cuda_peak``, ``torch.cuda.max_memory_allocated()`` (None without CUDA). ``numel`` is the
+    number of local parameter elements.
     """
 
     rank: int | None
@@ -60,6 +67,7 @@ class Usage:
     numel: int
     peak_rss: int
     cuda_peak: int | None = None
+    activations: int = 0
 
     @property
     def total(self) -> int:
@@ -89,7 +97,7 @@ def _is_zero(optimizer) -> bool:
 _last: Usage | None = None
 
 
-def measure(model=None, optimizer=None) -> Usage:
+def measure(model=None, optimizer=None, *, activations=None) -> Usage:
     """Count the bytes of ``model``'s parameters and gradients and ``optimizer``'s state here.
 
     Call it on every rank (in a ``%%ranks`` cell or a launched function), then bring the results
@@ -102,6 +110,8 @@ def measure(model=None, optimizer=None) -> Usage:
         optimizer: a ``torch.optim.Optimizer`` or a ``ZeroRedundancyOptimizer`` (its local
             optimizer's state is counted), or None. Counted as it is now: Adam creates its
             state at the first ``step()``.
+        activations: what a `distlab.activations.Meter` measured around a forward (its
+            ``.result``), or a number of bytes; None: not counted (0).
 
     Returns:
         A `Usage` (bytes), with ``rank`` from the default process group (None without one). It
@@ -109,13 +119,15 @@ def measure(model=None, optimizer=None) -> Usage:
 
     Raises:
         ValueError: neither a model nor an optimizer was given.
-        TypeError: ``model`` is not an ``nn.Module`` (pass the module, e.g. ``ddp_model``), or
-            ``optimizer`` is not a torch optimizer.
+        TypeError: ``model`` is not an ``nn.Module`` (pass the module, e.g. ``ddp_model``),
+            ``optimizer`` is not a torch optimizer, or ``activations`` is neither a meter's
+            result nor a number of bytes.
     """
     import torch
 
     if model is None and optimizer is None:
         raise ValueError("measure() needs a model, an optimizer, or both: measure(model, opt)")
+    saved = _activation_bytes(activations)
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(
             f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module "
@@ -160,11 +172,24 @@ def measure(model=None, optimizer=None) -> Usage:
         grads=grads,
         optimizer=state_bytes,
         optimizer_other=other_bytes,
+        activations=saved,
         numel=numel,
         peak_rss=_peak_rss(),
         cuda_peak=_cuda_peak(),
     )
     return _last
+
+
+def _activation_bytes(activations) -> int:
+    if activations is None:
+        return 0
+    total = getattr(activations, "total", activations)
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise TypeError(
+            "activations must be what a distlab.activations.Meter measured (meter.result) or a "
+            f"number of bytes, got {type(activations).__name__}"
+        )
+    return total
 
 
 def _peak_rss() -> int:
@@ -180,9 +205,9 @@ def _cuda_peak() -> int | None:
     return None
 
 
-def _legend(ax) -> None:
-    """The key of the three parts (params, grads, optimizer), above the bars."""
-    key(ax, [(p, PARTS[p]) for p in _PARTS])
+def _legend(ax, parts=_PARTS) -> None:
+    """The key of the parts (params, grads, optimizer[, activations]), above the bars."""
+    key(ax, [(p, PARTS[p]) for p in parts], ncol=len(parts))
 
 
 class Table(Chart):
@@ -249,6 +274,8 @@ class Table(Chart):
         if self.psi is not None:
             head += f" (Ψ = {self.psi:,} parameters)"
         cols = ["params", "grads", "optimizer", "total"]
+        if self._with_activations():
+            cols.append("activations")
         header = "rank" + "".join(f"{c:>12}" for c in cols)
         if self.psi is not None:
             header += f"{'total/Ψ':>9}"
@@ -267,21 +294,26 @@ class Table(Chart):
 
     __str__ = __repr__
 
+    def _with_activations(self) -> bool:
+        return any(u.activations for u in self.usages)
+
     def figure(self):
-        """A matplotlib ``Figure``: one group of bars per rank (params, grads, optimizer)."""
+        """A matplotlib ``Figure``: one group of bars per rank (params, grads, optimizer, and
+        activations when they were measured)."""
         from matplotlib.figure import Figure
 
+        parts = _ALL_PARTS if self._with_activations() else _PARTS
         n = len(self.usages)
-        unit, scale = _unit(max(max(getattr(u, p) for p in _PARTS) for u in self.usages))
+        unit, scale = _unit(max(max(getattr(u, p) for p in parts) for u in self.usages))
         fig = Figure(figsize=(max(4.5, 1.3 * n + 2), 3.2), facecolor=BACKGROUND)
         ax = fig.add_axes((0.14, 0.16, 0.83, 0.68))
         ax.set_facecolor(BACKGROUND)
-        width = 0.26
+        width = 0.78 / len(parts)
         for r, u in enumerate(self.usages):
-            for i, part in enumerate(_PARTS):
+            for i, part in enumerate(parts):
                 value = getattr(u, part) / scale
                 ax.bar(
-                    r + (i - 1) * width,
+                    r + (i - (len(parts) - 1) / 2) * width,
                     value,
                     width,
                     color=PARTS[part],
@@ -292,7 +324,7 @@ class Table(Chart):
         ax.set_ylabel(unit, fontsize=9)
         ax.tick_params(axis="y", labelsize=8)
         ax.set_title(self.title or "memory per rank", fontsize=11, color=INK, pad=22)
-        _legend(ax)
+        _legend(ax, parts)
         return fig
 
 

@@ -52,6 +52,26 @@ def test_two_parameters_over_one_storage_count_once():
     assert u.params == 4 * (PSI - 64) and u.numel == PSI - 64
 
 
+def test_activations_measured_by_the_meter_are_a_fourth_part_kept_out_of_the_total():
+    from distlab import activations, gpt
+
+    config = gpt.Config()
+    model = gpt.GPT(config, seed=0)
+    tokens, _ = gpt.batch(step=0, batch_size=2, config=config, seed=0)
+    with activations.Meter(model) as meter:
+        model(tokens)
+    u = memory.measure(model, activations=meter.result)
+    assert u.activations == meter.result.total > 0
+    assert u.total == u.params  # no grads or optimizer yet: activations are not in the total
+    table = memory.Table([u, memory.measure(model, activations=123)], title="GPT")
+    lines = table.text().splitlines()
+    assert lines[1].split()[:6] == ["rank", "params", "grads", "optimizer", "total", "activations"]
+    assert lines[3].split()[5] == "123"
+    assert len(table.figure().axes[0].patches) == 2 * 4  # four bars per rank
+    with pytest.raises(TypeError, match="activations must be what a distlab.activations.Meter"):
+        memory.measure(model, activations="lots")
+
+
 def test_sgd_without_momentum_has_no_state_and_shared_weights_count_once():
     model = _model()
     model[2].weight = model[0].weight  # tied: one tensor, two places
