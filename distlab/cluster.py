@@ -80,8 +80,8 @@ class Cluster:
         world_size: number of ranks (int >= 1).
         backend: as for `distlab.launch` (``"auto"``, ``"gloo"``, ``"nccl"``, ..., or None).
         timeout: default seconds a cell may run before it is declared hung (per call, override
-            with ``run(..., timeout=)`` or ``%%ranks --timeout``). Also the process group's
-            timeout, so a collective stuck in C++ gives up after this long.
+            with ``run(..., timeout=)`` or ``%%ranks --timeout``). The process group's timeout
+            is 3 s longer: a collective stuck in C++ gives up after that long.
         threads: CPU threads per rank (default: cores // world_size, at least 1).
         fold: show lines that every rank printed alike once, as ``[ranks 0-3] ...`` (default);
             ``False`` shows every rank's full block. Per call: ``run(..., fold=)``,

@@ -61,7 +61,8 @@ def launch(
         timeout: seconds ``fn`` may run before it is declared hung; then the stack of every rank
             that is still running is shown and all ranks are stopped. It counts from when every
             rank has started (joined the process group), so a short timeout works even where
-            ranks take a while to start. Also the process group's timeout.
+            ranks take a while to start. The process group's timeout is 3 s longer, so that
+            distlab reports a hang, with every rank's stack, before gloo gives up.
         threads: CPU threads per rank (``torch.set_num_threads``, ``OMP_NUM_THREADS``); default
             cores // world_size, at least 1, so ranks do not fight over the cores.
         stream: show output lines live, as the ranks print them (lines of different ranks then

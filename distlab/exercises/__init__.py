@@ -75,7 +75,7 @@ def check(label: str, test: Callable[..., object], *args, **kwargs) -> bool:
         if _not_written_on_ranks(e):
             return _not_attempted(label, e.primary.message)
         print(str(e), file=sys.stderr)
-        head = e.primary.headline()
+        head = e.primary.headline().splitlines()[0].rstrip()  # C++ messages span lines
         return _wrong(label, f"your code failed on the ranks ({head}; the report is above)")
     except RankTimeout as e:
         return _wrong(label, _hang(e))

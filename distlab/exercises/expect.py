@@ -114,6 +114,8 @@ def _type_hint(got, want) -> str:
         )
     if isinstance(want, (list, tuple)) and isinstance(got, torch.Tensor):
         kind = type(want).__name__
+        if want and isinstance(want[0], torch.Tensor):  # a list of tensors, one per piece
+            return f" (the exercise asks for a {kind} of tensors: {kind}(t.unbind(0)) splits one)"
         return f" (the exercise asks for a {kind}: {kind}(t.tolist()) turns a tensor into one)"
     if isinstance(want, (list, tuple, set)) and isinstance(got, (list, tuple, set)):
         if sorted(map(repr, got)) == sorted(map(repr, want)):
