@@ -39,6 +39,10 @@ _STACK_WAIT = 1.5
 #: that never comes is then reported by distlab, with every rank's stack, before gloo gives up
 #: (with the same limit, which of the two came first would be a matter of luck).
 PG_MARGIN = 3.0
+#: How long interrupted ranks get to stop. A rank running Python stops at once (KeyboardInterrupt
+#: at the next bytecode); one blocked in C++ (a collective's wait) never does, and is reported
+#: stuck when this runs out: ample for the first, not long to wait for the second.
+_INTERRUPT_WAIT = 1.0
 
 
 @dataclass
@@ -386,7 +390,7 @@ class RankGroup:
         return values
 
     def _interrupt(
-        self, task: _Task, stream: bool, wait_s: float = 2.0, with_stacks: bool = True
+        self, task: _Task, stream: bool, wait_s: float = _INTERRUPT_WAIT, with_stacks: bool = True
     ) -> dict[int, str]:
         """Interrupt pending ranks (SIGINT) and wait up to ``wait_s`` for them to stop.
 
