@@ -8,13 +8,17 @@ new interpreter. To keep a launch quick anyway, distlab keeps *spares*: interpre
 ahead of time that import torch and then wait on a Unix socket. A launch hands each rank's
 `RankSpec` and its three file descriptors to a spare (the same SCM_RIGHTS passing the fork server
 uses), which becomes that rank; new spares are started as soon as those ranks have met, so they
-are ready again by the time a learner has read the next cell. A spare is used once: a process
+are ready again by the time a learner has read the next cell. Unlike the fork server, a spare
+does not go on to import what DDP, FSDP and RPC need: each spare holds its imports in memory of
+its own (~145 MiB with torch, ~215 MiB with those), and a rank that needs them imports them
+while it loads its task, before its timeout starts. A spare is used once: a process
 that has run a rank is never reused (torch and Python keep state a fresh rank must not see,
 warnings shown once among it). Without a spare ready, a new interpreter is started and given its
 rank at once.
 
 The pool holds as many spares as the largest launch asked for lately, at most `MAX_SPARES`, and
-they exit when the kernel does (their socket closes).
+fewer while many ranks are alive (`MAX_SPAWNED`); they exit when the kernel does (their socket
+closes).
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ from ..errors import StartError
 from .protocol import RankSpec, recv, send
 from .starter import BOOT, Starter, interpreter_env
 
-#: Most spares kept ready: each holds torch in memory (~200 MiB of its own).
+#: Most spares kept ready: each holds torch in memory (~145 MiB of its own).
 MAX_SPARES = 4
+#: Spares are only kept while ranks and spares together stay within this many interpreters: a
+#: notebook's six-rank cluster then keeps none, and the notebook stays under 2 GB.
+MAX_SPAWNED = 6
 #: Spares kept before any launch has asked for more (a notebook's first launch).
 FIRST_SPARES = 2
 
@@ -116,7 +123,8 @@ class Spawner(Starter):
         return _Spare()
 
     def _refill(self) -> None:
-        while len(self._spares) < self._want:
+        live = sum(proc.poll() is None for proc in self._procs.values())
+        while len(self._spares) < min(self._want, MAX_SPAWNED - live):
             self._spares.append(_Spare())
 
     def wait_exit(self, pid: int, timeout: float) -> int | None:
@@ -160,7 +168,7 @@ def warm() -> None:
 
 
 def spare_main(sock_fd: int) -> None:
-    """In a spare: import what ranks need, wait to be given a rank, then be it."""
+    """In a spare: import what every rank needs, wait to be given a rank, then be it."""
     import importlib
     import signal
 

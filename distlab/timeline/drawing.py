@@ -86,6 +86,8 @@ def figure(timeline, device: str | None = None):
                 linewidth=0.4,
             )
         for e in transport:  # named after the collective, as in notebook 06's pictures
+            if any(o is not e and o.start < e.end and e.start < o.end for o in transport):
+                continue  # collectives in flight together share the lane: no room for a name
             _bar_text(
                 ax,
                 e,
