@@ -4,7 +4,8 @@
   ``<site-packages>/torch/distributed/c10d_logger.py``, and the standard library's
   ``/usr/lib/python3.11/threading.py`` becomes ``<stdlib>/threading.py``: the part that says
   which file stays, the part that only says where this machine keeps it goes (and with it the
-  differences between one learner's output and another's).
+  differences between one learner's output and another's). distlab's own files read
+  ``distlab/exercises/nb15.py`` wherever it is installed (site-packages or a checkout).
 * A notebook cell's code: ``File "/tmp/ipykernel_4242/3671902814.py", line 3, in work`` becomes
   ``File "<cell>", line 3, in work``. Cell numbers change from run to run (and nbval runs every
   cell as number 1), so text a notebook compares never has them; the traceback IPython shows for
@@ -21,6 +22,7 @@ from __future__ import annotations
 import functools
 import re
 import sysconfig
+from pathlib import Path
 
 _FILE = re.compile(r'File "([^"]+)", line (\d+)')
 _PORT = re.compile(r"((?:\[(?:::ffff:)?127\.0\.0\.1\]|\b127\.0\.0\.1|\blocalhost|\[::1\])):\d+\b")
@@ -41,6 +43,11 @@ def _prefixes() -> tuple[tuple[str, str], ...]:
         paths["stdlib"]: "<stdlib>",
         paths["platstdlib"]: "<stdlib>",
     }
+    # distlab's own files as "distlab/...", installed or editable (a checkout's path differs from
+    # machine to machine: a CI runner clones elsewhere than the instructor's laptop).
+    package = Path(__file__).resolve().parent
+    pairs[str(package)] = "distlab"
+    pairs[str(Path(__file__).parent)] = "distlab"
     # Longest first: site-packages usually lies inside the stdlib directory.
     return tuple(sorted(((p.rstrip("/") + "/", f"{n}/") for p, n in pairs.items()), reverse=True))
 

@@ -80,6 +80,17 @@ def test_environment_paths_are_shortened_in_rank_output():
     )
 
 
+def test_distlabs_own_files_read_the_same_wherever_it_is_installed():
+    from pathlib import Path
+
+    import distlab
+
+    here = Path(distlab.__file__).parent / "exercises" / "nb15.py"
+    assert _output.prefix(1, f"{here}:30: UserWarning: hooks\n") == (
+        "[rank 1] distlab/exercises/nb15.py:30: UserWarning: hooks\n"
+    )
+
+
 def test_torchs_own_rank_prefix_goes_so_the_same_warning_folds():
     outputs = {r: f"[rank{r}]:W1121 c10d warning\nmine {r}\n" for r in range(2)}
     assert _output.render(outputs, fold=True) == (

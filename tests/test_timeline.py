@@ -52,7 +52,8 @@ def _mlp_step(variant: str):
 
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(6)])
-    x = torch.randn(64, 256)
+    # a batch large enough that a layer's backward (~1 ms) outlasts a bucket's all_reduce
+    x = torch.randn(1024, 256)
     if variant == "ddp":
         model = DDP(model, bucket_cap_mb=0.5)
     elif variant == "blocking":
@@ -212,7 +213,9 @@ def test_a_blocking_all_reduce_in_a_hook_scores_no_overlap_and_ddp_does(cluster)
         shares[variant] = _overlap_share(tl)
     assert max(shares["blocking"]) < 0.05, shares  # every wait was inside AccumulateGrad
     assert max(shares["after"]) < 0.05, shares
-    assert min(shares["ddp"]) > 0.1, shares  # buckets all-reduced while the backward went on
+    # Buckets all-reduced while the backward went on. On a busy machine a rank that waits long
+    # for its peer spends that wait after its backward has ended; the later rank does not.
+    assert max(shares["ddp"]) > 0.1, shares
 
 
 def test_collect_before_any_recording_says_what_to_run():
