@@ -392,6 +392,18 @@ def test_spawn_start_method_gives_the_same_result():
     assert [t.tolist() for t in result] == [[0.0, 3.0, 6.0]] * 2
 
 
+def test_spares_are_topped_up_when_a_launch_returns():
+    # While 4 ranks live, only MAX_SPAWNED - 4 spares fit; once they exit, the pool grows back
+    # to the 4 the launch asked for, so the next 4-rank launch starts no interpreter.
+    from distlab._ranks import spawn
+
+    pool = spawn.get()
+    distlab.launch(_pid, world_size=4, start_method="spawn", timeout=60)
+    assert len(pool._spares) == min(4, spawn.MAX_SPARES)
+    alive = [s.proc.pid for s in pool._spares]
+    assert set(distlab.launch(_pid, world_size=4, start_method="spawn", timeout=60)) == set(alive)
+
+
 # --- in a real notebook kernel -------------------------------------------------------------------
 
 

@@ -556,6 +556,7 @@ class RankGroup:
         for p in self.procs:  # ranks that died on their own still hold kernel-side ends
             p.close_channels()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+        self.starter.stopped()
 
     def __del__(self):
         # Last resort (e.g. the object is dropped after an error): never leave ranks behind.

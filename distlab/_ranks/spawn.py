@@ -7,8 +7,8 @@ that has loaded its system libraries (torch loads Accelerate and Metal), so ther
 new interpreter. To keep a launch quick anyway, distlab keeps *spares*: interpreters started
 ahead of time that import torch and then wait on a Unix socket. A launch hands each rank's
 `RankSpec` and its three file descriptors to a spare (the same SCM_RIGHTS passing the fork server
-uses), which becomes that rank; new spares are started as soon as those ranks have met, so they
-are ready again by the time a learner has read the next cell. Unlike the fork server, a spare
+uses), which becomes that rank; new spares are started as soon as those ranks have met, and
+more when they exit, so they are ready again by the time a learner has read the next cell. Unlike the fork server, a spare
 does not go on to import what DDP, FSDP and RPC need: each spare holds its imports in memory of
 its own (~145 MiB with torch, ~215 MiB with those), and a rank that needs them imports them
 while it loads its task, before its timeout starts. A spare is used once: a process
@@ -111,6 +111,12 @@ class Spawner(Starter):
 
     def started(self) -> None:
         """New spares import torch once the ranks have met, so they do not slow them down."""
+        with self._lock:
+            self._refill()
+
+    def stopped(self) -> None:
+        """Top the pool up again: while the ranks lived, fewer spares fitted in `MAX_SPAWNED`
+        (a launch at 4 ranks leaves 2), and the learner now reads the output."""
         with self._lock:
             self._refill()
 

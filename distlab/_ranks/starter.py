@@ -53,6 +53,9 @@ class Starter(ABC):
         """The ranks last asked for have all started (or failed to): a starter may now do its
         background work without slowing their start."""
 
+    def stopped(self) -> None:  # noqa: B027 -- most starters have nothing to do then
+        """Ranks have exited (a launch returned, a cluster shut down): what they held is free."""
+
 
 def forkserver_supported() -> bool:
     """Forking a process that has torch loaded is safe on Linux only (macOS's system libraries
