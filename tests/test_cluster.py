@@ -135,6 +135,22 @@ def test_a_rank_that_cannot_be_interrupted_is_reported_stuck_until_restart(clust
     assert cluster.run(_rank_and_pid, ranks=[0]) != old
 
 
+def test_restart_replays_what_set_the_ranks_up_and_nothing_that_failed():
+    with distlab.Cluster(world_size=2, timeout=30) as c:
+        c.exec("x = torch.tensor([rank * 10])")
+        c.push(y=5)
+        c.exec("z = int(x) + y", ranks=[1])
+        with pytest.raises(distlab.RankError):
+            c.exec("w = 1 / 0")
+        old = c.run(_rank_and_pid)
+        assert c.restart() == 4  # two execs, a push and a run; not the one that failed
+        assert c.run(_rank_and_pid) != old  # new processes ...
+        assert [t.tolist() for t in c.pull("x")] == [[0], [10]]  # ... that have x, y and z back
+        assert c.pull("y") == [5, 5] and c.pull("z", ranks=[1]) == [15]
+        assert c.restart(replay=False) == 0
+        assert c.exec("'x' in globals()") == ["False", "False"]
+
+
 def test_bad_ranks_are_refused(cluster):
     with pytest.raises(ValueError, match="between 0 and 2"):
         cluster.run(_rank_and_pid, ranks=[3])

@@ -392,6 +392,35 @@ def test_spawn_start_method_gives_the_same_result():
     assert [t.tolist() for t in result] == [[0.0, 3.0, 6.0]] * 2
 
 
+def _child_then_fail(path):
+    import subprocess
+
+    if dist.get_rank() == 1:
+        while not os.path.exists(path):  # once rank 0 has started its child
+            time.sleep(0.01)
+        raise ValueError("rank 1 gives up")
+    child = subprocess.Popen(["sleep", "60"])  # something rank 0 started (a data loader ...)
+    with open(path + ".tmp", "w") as f:
+        f.write(str(child.pid))
+    os.rename(path + ".tmp", path)
+    time.sleep(60)
+
+
+def test_a_stopped_rank_takes_what_it_started_with_it(tmp_path):
+    path = tmp_path / "child.pid"
+    with pytest.raises(distlab.RankError, match="rank 1 gives up"):
+        distlab.launch(_child_then_fail, str(path), world_size=2, timeout=60)
+    child = int(path.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie":
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the rank was stopped but the process it started still runs")
+
+
 def test_spares_are_topped_up_when_a_launch_returns():
     # While 4 ranks live, only MAX_SPAWNED - 4 spares fit; once they exit, the pool grows back
     # to the 4 the launch asked for, so the next 4-rank launch starts no interpreter.

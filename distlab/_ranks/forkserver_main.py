@@ -23,18 +23,7 @@ import sys
 import traceback
 
 from .protocol import Exited, Failed, Fork, Forked, Ready, Settled, recv, send
-
-#: Imported before `Ready`, so that every rank starts with them loaded.
-PRELOAD = (
-    "torch",
-    "torch.distributed",
-    "torch.distributed.distributed_c10d",
-    "torch.nn",
-    "torch.nn.parallel",
-    "torch.optim",
-    "cloudpickle",
-    "distlab._ranks.rank",
-)
+from .starter import PRELOAD  # imported before `Ready`, so every rank starts with them loaded
 
 #: Imported once the server has been idle for `_IDLE` seconds, one module at a time, until the
 #: next request comes in. Constructing DDP, FSDP or a DTensor imports torch._dynamo and friends:

@@ -8,13 +8,13 @@ new interpreter. To keep a launch quick anyway, distlab keeps *spares*: interpre
 ahead of time that import torch and then wait on a Unix socket. A launch hands each rank's
 `RankSpec` and its three file descriptors to a spare (the same SCM_RIGHTS passing the fork server
 uses), which becomes that rank; new spares are started as soon as those ranks have met, and
-more when they exit, so they are ready again by the time a learner has read the next cell. Unlike the fork server, a spare
-does not go on to import what DDP, FSDP and RPC need: each spare holds its imports in memory of
-its own (~145 MiB with torch, ~215 MiB with those), and a rank that needs them imports them
-while it loads its task, before its timeout starts. A spare is used once: a process
-that has run a rank is never reused (torch and Python keep state a fresh rank must not see,
-warnings shown once among it). Without a spare ready, a new interpreter is started and given its
-rank at once.
+more when they exit, so they are ready again by the time a learner has read the next cell.
+Unlike the fork server, a spare does not go on to import what DDP, FSDP and RPC need: each spare
+holds its imports in memory of its own (~145 MiB with torch, ~215 MiB with those), and a rank that
+needs them imports them while it loads its task, before its timeout starts. A spare is used once:
+a process that has run a rank is never reused (torch and Python keep state a fresh rank must not
+see, warnings shown once among it). Without a spare ready, a new interpreter is started and given
+its rank at once.
 
 The pool holds as many spares as the largest launch asked for lately, at most `MAX_SPARES`, and
 fewer while many ranks are alive (`MAX_SPAWNED`); they exit when the kernel does (their socket
@@ -33,7 +33,7 @@ from collections import deque
 
 from ..errors import StartError
 from .protocol import RankSpec, recv, send
-from .starter import BOOT, Starter, interpreter_env
+from .starter import BOOT, PRELOAD, Starter, interpreter_env
 
 #: Most spares kept ready: each holds torch in memory (~145 MiB of its own).
 MAX_SPARES = 4
@@ -43,17 +43,6 @@ MAX_SPAWNED = 6
 #: Spares kept before any launch has asked for more (a notebook's first launch).
 FIRST_SPARES = 2
 
-#: What a spare imports before it waits: what every rank needs (as the fork server's PRELOAD).
-PRELOAD = (
-    "torch",
-    "torch.distributed",
-    "torch.distributed.distributed_c10d",
-    "torch.nn",
-    "torch.nn.parallel",
-    "torch.optim",
-    "cloudpickle",
-    "distlab._ranks.rank",
-)
 
 
 class _Spare:

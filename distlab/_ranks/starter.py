@@ -22,6 +22,19 @@ from .protocol import RankSpec
 
 METHODS = ("forkserver", "spawn")
 
+#: What every rank needs imported before it is given its rank, on both start paths: the fork
+#: server imports it once and forks ranks from it; each spare imports it while the learner reads.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.distributed_c10d",
+    "torch.nn",
+    "torch.nn.parallel",
+    "torch.optim",
+    "cloudpickle",
+    "distlab._ranks.rank",
+)
+
 #: Set to "spawn" (or "forkserver") to choose the start path for every launch and cluster that
 #: does not name one: ``DISTLAB_START_METHOD=spawn make test`` runs the course as a Mac would.
 ENV_VAR = "DISTLAB_START_METHOD"

@@ -18,16 +18,6 @@ LATE = 0.5
 TOGETHER = 0.25
 
 
-def _not_written(fn, *args) -> None:
-    """Call the answer here, in the kernel, so that a skeleton says "not attempted" before any
-    rank starts; a written answer fails here (no process group) and that is fine."""
-    try:
-        fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception:  # noqa: BLE001 -- it needs the ranks; the grader runs it there
-        pass
-
 
 def _late_last_rank() -> None:
     """Every rank meets, then the last one sleeps `LATE` seconds."""
@@ -102,7 +92,7 @@ def exercise_1(mean_async) -> None:  # noqa: C901 -- one message per mistake
     whose value is the list of averages (in order, same shapes). The last rank comes `LATE`
     seconds late: an answer that waits for its all-reduces returns only after it came."""
     world_size = 3
-    _not_written(mean_async, _inputs_1(0))
+    expect.not_written(mean_async, _inputs_1(0))
     results = expect.run(_mean_async_on_rank, mean_async, world_size=world_size)
     truth = [sum(_inputs_1(r)[i] for r in range(world_size)) / world_size
              for i in range(len(SHAPES_1))]  # fmt: skip
@@ -174,7 +164,7 @@ def exercise_2(all_reduce_buckets) -> None:
     order (8, 2, 11 and 5 elements), all in flight together (the second rank arrives `LATE`
     seconds late: waiting for each bucket before starting the next shows)."""
     world_size = 2
-    _not_written(all_reduce_buckets, _inputs_2(0), CAP)
+    expect.not_written(all_reduce_buckets, _inputs_2(0), CAP)
     results = expect.run(_buckets_on_rank, all_reduce_buckets, world_size=world_size)
     truth = [sum(_inputs_2(r)[i] for r in range(world_size)) for i in range(len(SHAPES_2))]
     for rank, (tensors, _, calls) in enumerate(results):

@@ -12,17 +12,6 @@ import numbers
 from . import expect
 
 
-def _not_written(fn, *args) -> None:
-    """Call the answer here, in the kernel, so that a skeleton says "not attempted" before any
-    rank starts; a written answer fails here (no process group) and that is fine."""
-    try:
-        fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception:  # noqa: BLE001 -- it needs the ranks; the grader runs it there
-        pass
-
-
 def _seeded(rank, n=4, seed=0):
     import torch
 
@@ -52,7 +41,7 @@ def exercise_1(my_all_reduce_class) -> None:
     unchanged, and x.grad on every rank is dL/dx = sum of the w_r (L = the sum of the losses)."""
     import torch
 
-    _not_written(my_all_reduce_class.apply, torch.ones(4, requires_grad=True))
+    expect.not_written(my_all_reduce_class.apply, torch.ones(4, requires_grad=True))
     results = expect.run(_my_all_reduce_on_rank, my_all_reduce_class.apply, world_size=WORLD_1)
     y_truth = sum(_seeded(r) for r in range(WORLD_1))
     grad_truth = sum(_seeded(r, seed=100) for r in range(WORLD_1))  # every loss used every x
@@ -99,7 +88,7 @@ def exercise_2(all_reduce_max_class) -> None:
     ``torch.stack(xs).amax(0)``, which splits the gradient evenly between tied ranks."""
     import torch
 
-    _not_written(all_reduce_max_class.apply, torch.ones(4, requires_grad=True))
+    expect.not_written(all_reduce_max_class.apply, torch.ones(4, requires_grad=True))
     world_size = len(INPUTS_2)
     results = expect.run(_max_on_rank, all_reduce_max_class.apply, world_size=world_size)
     xs = [torch.tensor(v, requires_grad=True) for v in INPUTS_2]  # one process, every rank
@@ -174,7 +163,7 @@ def exercise_3(predicted_grads, backward_with_loss_on_rank_0) -> None:
                 f"{truth[rank][0, 0].item():.4g} on every entry (rank {rank}'s x reached rank "
                 "0's loss through the all-reduce)"
             )
-    _not_written(backward_with_loss_on_rank_0, torch.ones(1, requires_grad=True))
+    expect.not_written(backward_with_loss_on_rank_0, torch.ones(1, requires_grad=True))
     try:
         grads = expect.run(_loss_on_rank_0, backward_with_loss_on_rank_0, world_size=2)
     except RankTimeout as e:

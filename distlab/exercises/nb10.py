@@ -15,16 +15,6 @@ from . import expect
 WORLD = 2
 
 
-def _not_written(fn, *args) -> None:
-    """Call the answer here, in the kernel, so that a skeleton says "not attempted" before any
-    rank starts; a written answer may fail here (no process group) and that is fine."""
-    try:
-        fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception:  # noqa: BLE001 -- it needs the ranks; the grader runs it there
-        pass
-
 
 def _model():
     import torch
@@ -95,7 +85,7 @@ def exercise_1(model_class) -> None:
     ``require_sync`` on in the last micro-batch only. The parameters equal one process trained
     on the whole batch, and the ranks all-reduce only in the last micro-batch: 4 parameters x 3
     steps = 12 all-reduces per rank, counted from the profiler."""
-    _not_written(_probe_1, model_class)
+    expect.not_written(_probe_1, model_class)
     values, calls = expect.collectives(_accumulating_on_rank, model_class, world_size=WORLD)
     reference = _reference_1()
     names = ["0.weight", "0.bias", "2.weight", "2.bias"]
@@ -211,7 +201,7 @@ def exercise_2(counting_sizes) -> None:
     bucket)`` to ``state["sizes"]`` and returns the default all-reduce's Future. Run on 2 ranks,
     3 iterations of Net with bucket_cap_mb 25, 0.001 and 0.0001: what it records equals the
     buckets DDP really sent, and the gradients equal DDP's average."""
-    _not_written(counting_sizes, {"sizes": [], "iteration": 0}, None)
+    expect.not_written(counting_sizes, {"sizes": [], "iteration": 0}, None)
     for cap in CAPS:
         for rank, (yours, truth, failure) in enumerate(
             expect.run(_sizes_on_rank, counting_sizes, cap, world_size=WORLD)
@@ -268,7 +258,7 @@ def exercise_3(my_fp16_hook) -> None:
     the world size, cast back)."""
     import torch
 
-    _not_written(my_fp16_hook, None, None)
+    expect.not_written(my_fp16_hook, None, None)
     names = ["0.weight", "0.bias", "2.weight", "2.bias"]
     for rank, (grads, failure) in enumerate(expect.run(_fp16_on_rank, my_fp16_hook,
                                                        world_size=WORLD)):  # fmt: skip

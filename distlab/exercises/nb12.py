@@ -59,16 +59,6 @@ def _run(fn, *args, **kwargs) -> list:
         ) from None
 
 
-def _not_written(fn, *args) -> None:
-    """Call the answer here, without RPC, so that a skeleton says "not attempted" before any
-    rank starts; a written answer fails here (RPC is not started) and that is fine."""
-    try:
-        fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception:  # noqa: BLE001 -- it needs the ranks; the grader runs it there
-        pass
-
 
 # -- exercise 1: fan out ----------------------------------------------------------------------
 
@@ -123,7 +113,7 @@ def exercise_1(fan_out) -> None:
     ``square`` notes where it ran and whether the other call was running at the same time."""
     import torch
 
-    _not_written(fan_out, square)
+    expect.not_written(fan_out, square)
     total, calls = _run(_fan_out_on_worker0, fan_out, world_size=3, backend=None)[0]
     for worker, x in ((1, 3.0), (2, 4.0)):
         if not calls[worker]:
@@ -203,7 +193,7 @@ def exercise_2(sgd_step_on_owner) -> None:
     worker (so no ``DistributedOptimizer``)."""
     import torch
 
-    _not_written(sgd_step_on_owner, None, None, 0.1)
+    expect.not_written(sgd_step_on_owner, None, None, 0.1)
     lr = 0.1
     new_w, before, grad, warned = _run(_step_by_hand, sgd_step_on_owner, lr, world_size=2,
                                        backend=None)[1]  # fmt: skip

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import expect
-from .nb12 import _not_written, _run, _start_rpc
+from .nb12 import _run, _start_rpc
 
 _ANSWER: list = [None]  # on each rank: the learner's function, shipped with the launch
 
@@ -139,7 +139,7 @@ def exercise_2(em_grad_on_owner) -> None:
     each context's answer is checked against one process's autograd."""
     import torch
 
-    _not_written(em_grad_on_owner, None, None)
+    expect.not_written(em_grad_on_owner, None, None)
     got = _run(_two_contexts, em_grad_on_owner, world_size=3, backend=None)[0]
     for r in (1, 2):
         em, net = _remote_em(), _remote_net()
