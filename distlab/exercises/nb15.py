@@ -29,8 +29,10 @@ def _step(model, opt, width):
 
     x = torch.randn(8, width, generator=torch.Generator().manual_seed(dist.get_rank()))
     with warnings.catch_warnings():
-        # FSDP's backward hooks on a first layer whose input needs no gradient: harmless here
+        # FSDP's backward hooks on a first layer whose input needs no gradient, and a warning
+        # about in-place ops on its output (there are none here): harmless here
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
         model(x).square().mean().backward()
     opt.step()
 
