@@ -1,0 +1,293 @@
+"""Graders for notebook 22, context parallelism: ring attention by hand (see
+`distlab.exercises`).
+
+Exercise 1 runs in the kernel on layouts the grader makes (contiguous, zig-zag, striped,
+shuffled, uneven, a rank with no tokens). Exercises 2 and 3 run the learner's function on the
+notebook's live 4-rank cluster, under a timeline recording, so that what the ranks really called
+is checked, not trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import numbers
+
+from . import expect
+
+#: Seconds a check may take on the cluster (a hang is called one after this).
+TIMEOUT = 10.0
+
+#: How long the other ranks wait before their first pass in exercise 2's last run, and how long
+#: rank 0's ``start_pass`` may take there before it counts as waiting for the transfer. (Less
+#: than the half second a Cluster gives the other ranks after one fails, before it interrupts
+#: them.)
+DELAY, PROMPT = 0.3, 0.2
+
+
+# -- exercise 1: work for any layout ------------------------------------------------------------
+
+
+def _layouts() -> list[tuple[str, list[list[int]]]]:
+    import torch
+
+    shuffled = torch.randperm(10, generator=torch.Generator().manual_seed(22)).tolist()
+    return [
+        ("the example", [[0, 1, 2, 3], [4, 5, 6, 7]]),
+        ("contiguous, 16 tokens on 4 ranks", [list(range(4 * r, 4 * r + 4)) for r in range(4)]),
+        (
+            "zig-zag, 16 tokens on 4 ranks",
+            [[2 * r, 2 * r + 1, 14 - 2 * r, 15 - 2 * r] for r in range(4)],
+        ),
+        ("striped, 12 tokens on 3 ranks", [list(range(r, 12, 3)) for r in range(3)]),
+        ("shuffled and uneven", [shuffled[:3], shuffled[3:8], shuffled[8:]]),
+        ("a rank without tokens", [[0, 1, 2], [], [3]]),
+        ("one rank", [[0, 1, 2, 3, 4]]),
+    ]
+
+
+def _work(layout) -> list[int]:
+    return [sum(t + 1 for t in positions) for positions in layout]
+
+
+def exercise_1(causal_work) -> None:
+    """``causal_work(layout)``: per rank, the (query, key) pairs with key position <= query
+    position, for a layout given as each rank's token positions."""
+    for name, layout in _layouts():
+        want = _work(layout)
+        got = causal_work([list(p) for p in layout])
+        what = f"causal_work({layout}) ({name})"
+        if (
+            isinstance(got, list)
+            and len(got) == len(want)
+            and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in got)
+        ):
+            if got == want:
+                continue
+            hint = ""
+            if got == [w - len(p) for w, p in zip(want, layout, strict=True)]:
+                hint = (
+                    ": one short for every query; a query also sees its own key "
+                    "(key position <= query position)"
+                )
+            elif got == [len(p) * (max(p) + 1) if p else 0 for p in layout]:
+                hint = (
+                    ": that counts every key up to the rank's last query, for every query; "
+                    "each query sees only the keys up to its own position"
+                )
+            raise AssertionError(f"{what} should be {want}; got {got}{hint}")
+        expect.same(got, want, what)
+
+
+# -- exercise 2: start a pass -------------------------------------------------------------------
+
+
+def _block(owner: int):
+    import torch
+
+    return (torch.arange(12.0).view(3, 4) + 100 * owner).t()  # (4, 3): not contiguous
+
+
+@contextlib.contextmanager
+def _transfers_kept():
+    """Keep every isend/irecv the answer starts (also through batch_isend_irecv), and wait for
+    those it did not wait for: with gloo, a send or receive whose Work is dropped unfinished
+    breaks the next collective on that process group (it hangs)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    started = []
+    originals = {name: getattr(c10d, name) for name in ("isend", "irecv")}
+
+    def keep(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            work = fn(*args, **kwargs)
+            if work is not None:
+                started.append(work)
+            return work
+
+        return inner
+
+    for name, fn in originals.items():
+        setattr(c10d, name, keep(fn))
+        setattr(dist, name, getattr(c10d, name))
+    try:
+        yield started
+    finally:
+        for name, fn in originals.items():
+            setattr(c10d, name, fn)
+            setattr(dist, name, fn)
+        for work in started:
+            if not work.is_completed():  # gloo: a second wait() on a finished send never returns
+                work.wait()
+
+
+def _passes(start_pass, delay):
+    """Run on every rank: four passes around the ring with the learner's ``start_pass``; the
+    other ranks start their first pass ``delay`` s after rank 0."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    block = _block(rank)
+    seen, took = [], None
+    for step in range(world):
+        if step == 0 and rank != 0 and delay:
+            time.sleep(delay)  # rank 0's first pass cannot complete before this
+        with _transfers_kept():
+            start = time.perf_counter()
+            out = start_pass(block)
+            if step == 0 and rank == 0:
+                took = time.perf_counter() - start
+            if not isinstance(out, tuple) or len(out) != 2:
+                return {"returned": expect.describe(out)}
+            works, incoming = out
+            if not isinstance(works, (list, tuple)) or not all(
+                callable(getattr(w, "wait", None)) for w in works
+            ):
+                return {"works": expect.describe(works)}
+            if not isinstance(incoming, torch.Tensor):
+                return {"incoming": expect.describe(incoming)}
+            block.sum()  # the computation the transfer overlaps
+            for w in works:
+                if not w.is_completed():
+                    w.wait()
+        owner = (rank - 1 - step) % world
+        if incoming.shape != (4, 3):
+            return {"shape": (step, tuple(incoming.shape))}
+        if not torch.equal(incoming, _block(owner)):
+            came = int(incoming.flatten()[0].item()) // 100 if incoming.numel() else None
+            return {"wrong": (step, owner, came)}
+        seen.append(owner)
+        block = incoming
+    return {"seen": seen, "took": took, "started": len(works)}
+
+
+_OTHERS = ("allgather", "allreduce", "broadcast", "alltoall", "scatter", "gather", "reduce")
+
+
+def exercise_2(start_pass, cluster) -> None:
+    """``start_pass(block)`` starts sending ``block`` to rank + 1 and receiving from rank - 1
+    and returns ``(works, incoming)`` without waiting. Four passes on the cluster: each rank must
+    receive its left neighbour's block every time (the first block is not contiguous); a second
+    run, under a timeline recording, checks that the ranks called send and receive only; in a
+    third, rank 0's first call must return before its neighbours have even started theirs
+    (they wait `DELAY` s)."""
+    world = cluster.world_size
+    values = expect.run(_passes, start_pass, 0.0, cluster=cluster, timeout=TIMEOUT)
+    for rank, got in enumerate(values):
+        if "returned" in got:
+            raise AssertionError(
+                "start_pass should return a tuple (works, incoming): the started transfers and "
+                f"the tensor the block arrives in; rank {rank} got {got['returned']}"
+            )
+        if "works" in got:
+            raise AssertionError(
+                "works should be the list of started transfers (what dist.batch_isend_irecv "
+                f"returns, each with .wait()); rank {rank} got {got['works']}"
+            )
+        if "incoming" in got:
+            raise AssertionError(
+                f"incoming should be the tensor the block arrives in; rank {rank} got "
+                f"{got['incoming']}"
+            )
+        if "shape" in got:
+            step, shape = got["shape"]
+            raise AssertionError(
+                f"at pass {step} rank {rank} received a block of shape {shape}; the blocks are "
+                "(4, 3): receive into a tensor shaped like the block you send"
+            )
+        if "wrong" in got:
+            step, owner, came = got["wrong"]
+            source = f"rank {came}'s block" if came in range(world) else "something else"
+            raise AssertionError(
+                f"at pass {step} rank {rank} should hold rank {owner}'s block (a ring receives "
+                f"from rank - 1 and sends to rank + 1); it holds {source}"
+            )
+    _, calls = expect.collectives(_passes, start_pass, 0.0, cluster=cluster, timeout=TIMEOUT)
+    for rank, names in enumerate(calls):
+        others = sorted({n for n in names for o in _OTHERS if o in n.lower()})
+        if others:
+            raise AssertionError(
+                f"rank {rank} called {', '.join(others)}: a ring pass sends one block to one "
+                "neighbour and receives one (isend/irecv); a collective moves blocks between "
+                "all ranks"
+            )
+    expect.called(calls, ("send",), "a send to rank + 1")
+    expect.called(calls, ("recv",), "a receive from rank - 1")
+    if not values[0]["started"]:
+        raise AssertionError(
+            "start_pass returned no started transfers: it finished the pass itself. Start it "
+            "with dist.batch_isend_irecv and return the works it gives, so that the caller "
+            "computes while the block travels"
+        )
+    took = expect.run(_passes, start_pass, DELAY, cluster=cluster, timeout=TIMEOUT)[0]["took"]
+    if took > PROMPT:
+        raise AssertionError(
+            f"start_pass waited for the transfer: rank 0's first call took {took:.1f} s, as "
+            f"long as its neighbours took to start theirs ({DELAY} s). Return as soon as the "
+            "send and receive are started (batch_isend_irecv), without wait()"
+        )
+
+
+# -- exercise 3: all-gather, then attend ---------------------------------------------------------
+
+
+def _allgather_case(answer):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(23)
+    q, k, v = (torch.randn(1, 2, 4 * world, 8, generator=g) for _ in range(3))
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)[:, :, 4 * rank : 4 * rank + 4]
+    mine = [t[:, :, 4 * rank : 4 * rank + 4].clone() for t in (q, k, v)]
+    got = answer(*mine)
+    if not isinstance(got, torch.Tensor):
+        return {"returned": expect.describe(got)}
+    if got.shape != want.shape:
+        return {"shape": tuple(got.shape)}
+    error = (got.detach() - want).abs().max().item()
+    return {"error": error, "ok": torch.allclose(got.detach(), want, atol=1e-5, rtol=1e-4)}
+
+
+def exercise_3(allgather_attention, cluster) -> None:
+    """``allgather_attention(q, k, v)`` on each rank's contiguous chunk (4 tokens of 16, 2
+    heads of 8): its queries' causal attention over the whole sequence, through an all-gather of
+    the keys and values. Checked against one process, rank by rank."""
+    values, calls = expect.collectives(_allgather_case, allgather_attention, cluster=cluster,
+                                       timeout=TIMEOUT)  # fmt: skip
+    for rank, got in enumerate(values):
+        if "returned" in got:
+            raise AssertionError(
+                f"allgather_attention should return this rank's output, a tensor of shape "
+                f"(1, 2, 4, 8); rank {rank} got {got['returned']}"
+            )
+        if "shape" in got:
+            raise AssertionError(
+                f"allgather_attention should return this rank's 4 queries' output, shape "
+                f"(1, 2, 4, 8); rank {rank} returned shape {got['shape']}"
+            )
+    bad = [r for r, got in enumerate(values) if not got["ok"]]
+    if bad:
+        rank = bad[0]
+        error = values[rank]["error"]
+        hint = ""
+        if 0 not in bad:
+            hint = (
+                "; rank 0 is right and the later ranks are not: their queries sit at positions "
+                "4·rank .. 4·rank + 3 of the sequence and see every key before them. A mask "
+                "built from local indices (is_causal=True, or triu on the local chunk) hides "
+                "the earlier ranks' keys"
+            )
+        elif len(bad) == len(values):
+            hint = "; every rank differs: is the mask causal, over the global positions?"
+        raise AssertionError(
+            f"rank {rank}'s output differs from one process's causal attention (largest "
+            f"difference {error:.2g}){hint}"
+        )
+    expect.called(calls, ("allgather",), "an all-gather of the keys and values")
