@@ -58,6 +58,8 @@ class _Task:
     first_failure_at: float | None = None
     unstarted: list[int] = field(default_factory=list)  # ranks that did not start in time
     began: dict[int, float] = field(default_factory=dict)  # rank -> when its code began
+    data: bytes = b""  # the encoded Run message
+    sent: bool = False  # given to the ranks (once all of them had started)
 
 
 def free_port() -> int:
@@ -196,6 +198,11 @@ class RankGroup:
                 task.unstarted = self._waiting_to_start(task)
                 self.starter.started()
             if not task.unstarted:
+                # Only now, so that every rank begins at about the same moment: without a process
+                # group to meet in (backend=None), a rank that started first would otherwise run
+                # ahead of one still importing torch, and a short timeout in the learner's code
+                # would fire on the late one.
+                self._send(task)
                 # Loading the task (unpickling it imports what the function refers to) is not
                 # the learner's code either: the timeout counts from when every rank began.
                 self.collect(
@@ -231,17 +238,25 @@ class RankGroup:
             set(targets),
             {r: protocol.end_marker(self.token, self._next_id) for r in targets},
         )
-        data = protocol.encode_task(Run(task.id, payload, self._lines.new()), self.tmpdir)
+        task.data = protocol.encode_task(Run(task.id, payload, self._lines.new()), self.tmpdir)
         for r in targets:
             proc = self.procs[r]
-            proc.buf = bytearray()
+            proc.buf = bytearray()  # from here on its output belongs to this task
             proc.streamed = 0
+        return task
+
+    def _send(self, task: _Task) -> None:
+        """Give the task to its ranks (all of them have started)."""
+        task.sent = True
+        for r in task.targets:
+            proc = self.procs[r]
+            if r not in task.pending:
+                continue  # died while the others started
             try:
-                proc.ctrl.send_bytes(data)
+                proc.ctrl.send_bytes(task.data)
                 proc.state = "busy"
             except OSError:
                 self._on_death(task, proc)
-        return task
 
     def _waiting_to_start(self, task: _Task) -> list[int]:
         return [
@@ -422,7 +437,7 @@ class RankGroup:
         self, task: _Task, on_failure: str, stream: bool, fold: bool = False
     ) -> None:
         """The kernel was interrupted (stop button) while ranks were running ``task``."""
-        if on_failure == "kill":
+        if on_failure == "kill" or not task.sent:  # not sent: stopped while the ranks started
             self.kill()
             return
         stuck = self._interrupt(task, stream)
