@@ -29,7 +29,7 @@ from ..errors import (
     exit_text,
     order_failures,
 )
-from . import protocol, ship, starter
+from . import loopback, protocol, ship, starter
 from .proc import RankProcess
 from .protocol import Began, Exit, RankSpec, Reply, Run, Started
 
@@ -62,23 +62,6 @@ class _Task:
     sent: bool = False  # given to the ranks (once all of them had started)
 
 
-def free_port() -> int:
-    """An unused TCP port on loopback (for MASTER_PORT; distlab itself never listens on it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def loopback_interface() -> str:
-    try:
-        for _, name in socket.if_nameindex():
-            if name.startswith("lo"):
-                return name
-    except OSError:
-        pass
-    return "lo"
-
-
 class RankGroup:
     """``world_size`` rank processes, started together, optionally with a process group."""
 
@@ -100,22 +83,15 @@ class RankGroup:
         self.threads = threads or _config.default_threads(world_size)
         self.token = secrets.token_hex(6)
         self.tmpdir = tempfile.mkdtemp(prefix="distlab-")  # mode 0700: private to this user
-        self.master_port = free_port()
         self.procs: list[RankProcess] = []
         self._next_id = 0
         self._lines = ship.LineShipper()
         self.starter = starter.get(start_method)
-        iface = loopback_interface()
         base_env = {
             "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(world_size),
             "GROUP_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(self.master_port),
-            # Keep every socket that gloo, TensorPipe (RPC) and NCCL open on loopback.
-            "GLOO_SOCKET_IFNAME": iface,
-            "TP_SOCKET_IFNAME": iface,
-            "NCCL_SOCKET_IFNAME": iface,
+            **loopback.env(),
             "OMP_NUM_THREADS": str(self.threads),
             "MKL_NUM_THREADS": str(self.threads),
             **(env or {}),
