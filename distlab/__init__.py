@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from . import errors, memory, timeline
+from .bounds import above, below
 from .cluster import Cluster
 from .errors import *  # noqa: F403 -- every error a learner may catch, as distlab.RankError etc.
 from .exercises import check
@@ -19,6 +20,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cluster",
+    "above",
+    "below",
     "check",
     *errors.__all__,
     "launch",
@@ -31,12 +34,18 @@ __all__ = [
 
 
 def versions() -> str:
-    """One line naming the versions a notebook ran with (its first cell prints it)."""
-    import platform
+    """One line naming the versions a notebook ran with (its first cell prints it).
+
+    What changes a lesson's output, and no more: Python's minor version (tracebacks are drawn
+    differently from one to the next), torch's release and distlab's. Not Python's patch release,
+    nor torch's build tag (``+cpu``, ``+cu128``): a Mac, a CUDA machine and this course's CPU
+    machine print the same line, and a notebook saved with another torch release is stale."""
+    import sys
 
     import torch
 
-    return f"Python {platform.python_version()}, torch {torch.__version__}, distlab {__version__}"
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return f"Python {python}, torch {torch.__version__.split('+')[0]}, distlab {__version__}"
 
 
 def _warm_start() -> None:

@@ -3,6 +3,7 @@ machine those checks and defaults depend on (cores, GPUs)."""
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import sys
@@ -11,11 +12,77 @@ BACKENDS = ("auto", "gloo", "nccl", "cpu:gloo,cuda:nccl", None)
 
 
 def cpu_cores() -> int:
-    """The CPU cores this process may run on (its affinity, where the OS says)."""
+    """The CPU cores this process may use: its affinity (where the OS says), capped by a cgroup
+    CPU quota (a JupyterHub or Kubernetes limit of 1.5 CPUs counts as 2 cores) when there is
+    one. The threads each rank gets and doctor's comfortable world sizes follow it."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_limit()
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota - 1e-9)))
+    return cores
+
+
+def cgroup_cpu_limit(
+    cgroups: str = "/proc/self/cgroup", mountinfo: str = "/proc/self/mountinfo"
+) -> float | None:
+    """The CPUs this process's cgroups allow it (quota / period, the smallest along the path to
+    the root), or None when no quota is set or none can be read (macOS, no cgroups).
+
+    cgroup v2: ``cpu.max`` ("max 100000" or "150000 100000"); v1: ``cpu.cfs_quota_us`` (-1: none)
+    over ``cpu.cfs_period_us``. Both are found through the mounts this process sees, so a
+    container's own view (cgroup namespaces) is read as it is."""
+    try:
+        with open(cgroups) as f:
+            memberships = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+        with open(mountinfo) as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    limits = []
+    for fields in mounts:
+        if "-" not in fields:
+            continue
+        sep = fields.index("-")
+        root, point, fstype = fields[3], fields[4], fields[sep + 1]
+        options = fields[sep + 3].split(",") if len(fields) > sep + 3 else []
+        if fstype == "cgroup2":
+            paths = [path for hid, ctrls, path in memberships if hid == "0" and ctrls == ""]
+            files = ("cpu.max",)
+        elif fstype == "cgroup" and "cpu" in options:
+            paths = [path for _, ctrls, path in memberships if "cpu" in ctrls.split(",")]
+            files = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+        else:
+            continue
+        for path in paths:
+            if not (path + "/").startswith(root.rstrip("/") + "/"):
+                continue  # this mount shows another part of the hierarchy
+            here = os.path.join(point, path[len(root.rstrip("/")):].lstrip("/"))
+            while True:
+                limit = _read_cpu_limit(here, files)
+                if limit is not None:
+                    limits.append(limit)
+                if os.path.normpath(here) == os.path.normpath(point):
+                    break
+                here = os.path.dirname(os.path.normpath(here))
+    return min(limits) if limits else None
+
+
+def _read_cpu_limit(folder: str, files: tuple[str, ...]) -> float | None:
+    try:
+        if files == ("cpu.max",):
+            with open(os.path.join(folder, "cpu.max")) as f:
+                quota, period = f.read().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        with open(os.path.join(folder, files[0])) as f:
+            quota = int(f.read())
+        with open(os.path.join(folder, files[1])) as f:
+            period = int(f.read())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
 
 
 def process_group_rank() -> tuple[int | None, int | None]:

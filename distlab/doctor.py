@@ -69,12 +69,13 @@ def check_gloo() -> Check:
 
 
 def check_cores() -> Check:
-    from ._config import cpu_cores
+    from ._config import cgroup_cpu_limit, cpu_cores
 
-    cores = cpu_cores()
+    cores, quota = cpu_cores(), cgroup_cpu_limit()
+    where = f" (a cgroup quota of {quota:g} CPUs: a JupyterHub or container limit)" if quota else ""
     return Check(
         True,
-        f"{cores} CPU core(s): world sizes up to {max(2, cores)} run at full speed; up to "
+        f"{cores} CPU core(s){where}: world sizes up to {max(2, cores)} run at full speed; up to "
         f"{max(6, 2 * cores)} work (oversubscribed: each rank then gets 1 thread)",
     )
 

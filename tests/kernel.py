@@ -35,10 +35,15 @@ class CellResult:
 
 
 class Kernel:
-    def __init__(self, env: dict[str, str] | None = None):
-        kernel_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    def __init__(self, env: dict[str, str] | None = None, cwd: str | os.PathLike = ROOT):
+        """`env` is added to this process's environment (a PYTHONPATH given there comes before
+        this checkout's); the kernel starts in `cwd`, as a notebook's kernel in its folder."""
+        kernel_env = dict(os.environ, **(env or {}))
+        kernel_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in ((env or {}).get("PYTHONPATH"), str(ROOT)) if p
+        )
         self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel(cwd=str(ROOT), env=kernel_env)
+        self.km.start_kernel(cwd=str(cwd), env=kernel_env)
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)

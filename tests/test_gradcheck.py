@@ -327,8 +327,10 @@ def test_reference_equals_itself_in_one_line(reference):
     assert report.ok and bool(report) and report.mismatch is None
     assert str(report) == (
         "✓ equal to one process: 3 steps, 126 tensors per step (loss, 25 gradients, "
-        "25 parameters, 75 optimizer state), max relative error 0.0e+00"
+        "25 parameters, 75 optimizer state), all within rounding (rtol 1e-3)"
     )
+    assert report.max_abs == report.max_rel == 0
+    assert "rtol 0.02" in str(gradcheck.compare([_copy(reference)], reference, rtol=0.02))
     report.check()
 
 

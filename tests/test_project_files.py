@@ -1,6 +1,7 @@
 """The project's set-up files agree with each other.
 
-pyproject.toml (pip) and environment.yml (conda, Binder) list the same packages; the README starts
+pyproject.toml's requirements are all locked (requirements/lock.txt) at versions they allow, and
+environment.yml (conda, Binder) installs that lock with the Makefile's torch; the README starts
 with the two commands a learner needs; CI runs what `make test` runs; notebook outputs are compared
 strictly, with only run-to-run noise masked.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 pytestmark = pytest.mark.quick
 
@@ -27,13 +29,11 @@ yaml = pytest.importorskip("yaml", reason="reading environment.yml needs pyyaml 
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# pip name -> conda-forge name, only where they differ.
-PIP_TO_CONDA = {
-    "torch": "pytorch",
-    "matplotlib": "matplotlib-base",  # matplotlib without the Qt GUI
-}
-# Conda packages that are the environment itself, not one of the project's dependencies.
-CONDA_ONLY = {"python", "pip"}
+LOCK = ROOT / "requirements" / "lock.txt"
+# Where the lock is checked: the course machine's Python (markers are evaluated for it).
+COURSE_PYTHON = {"python_version": "3.11", "python_full_version": "3.11.7", "os_name": "posix",
+                 "sys_platform": "linux", "platform_system": "Linux"}  # fmt: skip
+MACOS = dict(COURSE_PYTHON, sys_platform="darwin", platform_system="Darwin")
 
 
 def _pyproject() -> dict:
@@ -42,15 +42,31 @@ def _pyproject() -> dict:
 
 
 def _pip_requirements() -> dict[str, Requirement]:
-    """Runtime and [dev] requirements from pyproject.toml, by conda-forge name."""
+    """Runtime and [dev] requirements from pyproject.toml, by canonical name."""
     project = _pyproject()["project"]
     lines = project["dependencies"] + project["optional-dependencies"]["dev"]
-    requirements = {}
-    for line in lines:
+    return {canonicalize_name(Requirement(line).name): Requirement(line) for line in lines}
+
+
+def _locked(path: Path = LOCK, env: dict | None = None) -> dict[str, str]:
+    """name -> exact version, for the lines of a lock whose markers hold in `env`."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split(" #")[0].strip()
+        if not line or line.startswith("#") or line.startswith("-"):
+            continue
         req = Requirement(line)
-        name = canonicalize_name(req.name)
-        requirements[PIP_TO_CONDA.get(name, name)] = req
-    return requirements
+        if req.marker is None or req.marker.evaluate(env or COURSE_PYTHON):
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"{path.name}: {line} is not an exact pin"
+            pins[canonicalize_name(req.name)] = spec.version
+    return pins
+
+
+def _makefile_value(name: str) -> str:
+    match = re.search(rf"^{name}\s*:=\s*(\S+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert match, f"Makefile sets no {name}"
+    return match.group(1)
 
 
 def _environment() -> dict:
@@ -85,42 +101,46 @@ def _addopts() -> list[str]:
     return shlex.split(_pyproject()["tool"]["pytest"]["ini_options"]["addopts"])
 
 
-def test_every_pyproject_dependency_is_in_environment_yml():
-    missing = sorted(set(_pip_requirements()) - set(_conda_specs()))
-    assert not missing, (
-        f"environment.yml lacks {missing}, which pyproject.toml needs. Add them to environment.yml"
-        " (if the conda-forge name differs, add it to PIP_TO_CONDA in this test)."
-    )
+def test_every_pyproject_dependency_is_locked_at_a_version_it_allows():
+    locked = _locked()
+    for name, req in _pip_requirements().items():
+        if name == "torch":  # pinned in the Makefile, installed first
+            assert req.specifier.contains(_makefile_value("TORCH").split("==")[1]), req
+            continue
+        assert name in locked, f"{name} is in pyproject.toml but not in the lock: run make lock"
+        assert req.specifier.contains(locked[name], prereleases=True), (
+            f"the lock has {name}=={locked[name]}, which pyproject.toml's {req} excludes: "
+            "run make lock"
+        )
 
 
-def test_every_environment_yml_package_is_in_pyproject():
-    extra = sorted(set(_conda_specs()) - set(_pip_requirements()) - CONDA_ONLY)
-    assert not extra, (
-        f"environment.yml installs {extra}, which pyproject.toml does not list. Add them to"
-        " pyproject.toml (dependencies or the dev extra) or remove them from environment.yml."
-    )
+def test_the_lock_leaves_torch_out_and_pulls_no_cuda_wheels():
+    text = LOCK.read_text()
+    for env in (COURSE_PYTHON, MACOS):
+        names = set(_locked(env=env))
+        assert "torch" not in names  # the Makefile installs it first, with the lock as constraints
+        assert not {n for n in names if n.startswith(("nvidia-", "triton"))}, names
+        assert {"sympy", "networkx", "jinja2", "filelock"} <= names  # torch's own, locked
+    assert "appnope" in _locked(env=MACOS)  # macOS covered
+    assert "requirements/lock.py" in text.splitlines()[1]  # says how it was made
 
 
-def test_environment_yml_asks_for_the_same_minimum_versions_as_pyproject():
-    conda = _conda_specs()
-    differing = {
-        name: (str(req.specifier), conda[name])
-        for name, req in _pip_requirements().items()
-        if name in conda and str(req.specifier) != conda[name]
-    }
-    assert not differing, f"version specs differ, as (pyproject, environment.yml): {differing}"
+def test_older_releases_tested_beside_the_lock_are_exact_and_older():
+    compat = _locked(ROOT / "requirements" / "compat.txt")
+    assert compat, "requirements/compat.txt lists nothing"
+    locked = _locked()
+    for name, version in compat.items():
+        assert Version(version) < Version(locked[name]), (name, version, locked[name])
 
 
-def test_environment_yml_pins_python_and_uses_conda_forge():
+def test_environment_yml_has_the_same_python_torch_and_lock():
     assert _environment()["channels"] == ["conda-forge"]
-    assert _conda_specs().get("python") == "=3.11"
-
-
-def test_environment_yml_installs_the_project_itself_with_pip():
+    specs = _conda_specs()
+    assert specs.get("python") == "=3.11"
+    assert specs.get("pytorch") == "=" + _makefile_value("TORCH").split("==")[1]
+    assert set(specs) == {"python", "pip", "pytorch"}, "everything else comes from the lock"
     pip_lines = [line.strip() for line in _pip_section()]
-    assert "-e ." in pip_lines or "." in pip_lines, (
-        f"environment.yml's pip section is {pip_lines}; it must install distlab itself ('-e .')."
-    )
+    assert pip_lines == ["-r requirements/lock.txt", "-e ."], pip_lines
 
 
 def test_readme_starts_with_make_lab_then_make_test():
@@ -204,14 +224,19 @@ def test_makefile_has_lab_test_and_notebooks_targets():
         assert target in targets, f"Makefile has no `{target}` target"
 
 
-def test_makefile_installs_pinned_torch_before_the_rest():
+def test_makefile_installs_pinned_torch_then_the_lock():
     # Any other torch requirement makes pip fetch gigabytes of CUDA wheels on the course machine.
     makefile = (ROOT / "Makefile").read_text()
-    assert "pip install -q torch==2.13.0" in makefile, "Makefile must install torch==2.13.0 alone"
-    # The [dev] install depends on the torch stamp, so pip finds torch already there.
-    deps_rule = re.search(r"^\$\(VENV\)/\.stamp-deps:(.*)$", makefile, flags=re.MULTILINE)
+    assert _makefile_value("TORCH") == "torch==2.13.0"
+    torch_rule = re.search(r"^\$\(VENV\)/\.stamp-torch:.*?(?=^\S)", makefile, re.M | re.S)
+    assert torch_rule and "$(PIP) install -q $(TORCH) -c $(LOCK)" in torch_rule.group(0)
+    deps_rule = re.search(r"^\$\(VENV\)/\.stamp-deps:(.*?)(?=^\S)", makefile, re.M | re.S)
     assert deps_rule, "Makefile has no $(VENV)/.stamp-deps rule"
-    assert "$(VENV)/.stamp-torch" in deps_rule.group(1).split()
+    assert "$(VENV)/.stamp-torch" in deps_rule.group(1).split("\n")[0].split()
+    recipe = deps_rule.group(1)
+    assert "install -q -r $(LOCK)" in recipe and "--no-deps" in recipe  # nothing resolved anew
+    assert _makefile_value("LOCK") == "requirements/lock.txt"
+    assert re.fullmatch(r"\d+(\.\d+)+", _makefile_value("PIP_VERSION"))  # pip pinned too
 
 
 def test_ruff_is_configured_in_pyproject():

@@ -335,9 +335,9 @@ class _Rank:
                 return self.error(msg, self.init_error, "init")
             install_sources(msg.lines)
             try:
-                import cloudpickle
+                from . import ship
 
-                kind, *body = cloudpickle.loads(msg.payload)
+                kind, *body = ship.loads(msg.payload)
             except BaseException as e:
                 return self.error(msg, e, "load")
             self.ctrl.send_bytes(protocol.encode(Began(msg.id)))
@@ -345,9 +345,9 @@ class _Rank:
         except BaseException as e:  # noqa: BLE001 -- the learner's error, KeyboardInterrupt too
             return self.error(msg, e, "raised")
         try:
-            import cloudpickle
+            from . import ship
 
-            data = cloudpickle.dumps(value)
+            data = ship.pickle(value)
         except BaseException as e:
             return self.error(msg, e, "result")
         return Reply(msg.id, value=data)

@@ -4,19 +4,45 @@ Functions and classes defined in notebook cells live in the kernel's ``__main__`
 process can import. cloudpickle sends them *by value* (their code, not their name); the rank then
 publishes them under ``__main__`` again (`distlab._ranks.rank.adopt_into_main`). The cells'
 source text travels too, so a traceback or a stuck rank's stack shows the learner's own lines.
+
+Code objects travel whole, with `marshal` (the format of .pyc files), and not as cloudpickle
+rebuilds them: cloudpickle 3.1.3 renames the file of every function it ships to
+``<dynamic-code>``, and a future version may drop or change other fields. A code object that
+keeps its ``co_filename`` keeps the learner's cell (``/tmp/ipykernel_.../123.py``) or module in
+every traceback and stack, whatever cloudpickle does. Both ends run the same interpreter (ranks are
+forked or spawned from ``sys.executable``), so marshal's version-specific format is no limit.
 """
 
 from __future__ import annotations
 
+import io
 import linecache
+import marshal
+import types
 
 import cloudpickle
 
 from ..errors import ShipError
 
 
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, except that code objects are marshalled as they are."""
+
+    def reducer_override(self, obj):
+        if type(obj) is types.CodeType:
+            return marshal.loads, (marshal.dumps(obj),)
+        return super().reducer_override(obj)
+
+
+def pickle(obj: object) -> bytes:
+    """`obj` by value where it must be (cell functions and classes), code objects intact."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
 def dumps(op: str, *body: object) -> bytes:
-    return cloudpickle.dumps((op, *body))
+    return pickle((op, *body))
 
 
 def dumps_call(fn, args: tuple, kwargs: dict) -> bytes:
@@ -29,7 +55,7 @@ def dumps_call(fn, args: tuple, kwargs: dict) -> bytes:
         parts += [(f"keyword argument {k!r} ({type(v).__name__})", v) for k, v in kwargs.items()]
         for what, obj in parts:
             try:
-                cloudpickle.dumps(obj)
+                pickle(obj)
             except Exception as inner:
                 raise ShipError(
                     f"{what} cannot be sent to the ranks: {type(inner).__name__}: {inner}\n"

@@ -31,7 +31,7 @@ PRELOAD = (
     "torch.nn",
     "torch.nn.parallel",
     "torch.optim",
-    "cloudpickle",
+    "distlab._ranks.ship",
     "distlab._ranks.rank",
 )
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..bounds import limit_text
 from .hints import close, diagnose
 from .recorder import Recorder
 
@@ -70,8 +71,12 @@ class Report:
     ``max_rel``: the largest errors over everything compared (up to the mismatch); relative
     errors are to each tensor's largest magnitude.
 
+    ``rtol``: the relative tolerance the comparison used.
+
     ``str(report)`` is one verdict line (and the mismatch); ``bool(report)`` is ``ok``;
-    `check` raises AssertionError with that text, for ``distlab.check`` and tests."""
+    `check` raises AssertionError with that text, for ``distlab.check`` and tests. A passing
+    line names the tolerance met, not the errors' digits, which differ from one CPU to another
+    (read them from ``max_abs`` and ``max_rel``)."""
 
     ok: bool
     steps: int
@@ -80,6 +85,7 @@ class Report:
     max_abs: float
     max_rel: float
     mismatch: Mismatch | None
+    rtol: float = 1e-3
 
     def text(self) -> str:
         if self.ok:
@@ -87,7 +93,7 @@ class Report:
             return (
                 f"✓ equal to one process: {self.steps} steps, {self.tensors} tensors per step "
                 f"(loss, {grads} gradients, {params} parameters, {state} optimizer state), "
-                f"max relative error {self.max_rel:.1e}"
+                f"all within rounding (rtol {limit_text(self.rtol)})"
             )
         return f"✗ {self.mismatch.text()}"
 
@@ -173,7 +179,8 @@ def compare(records, reference, *, atol: float = 1e-8, rtol: float = 1e-3) -> Re
     tensors = 1 + sum(counts)
 
     def report(mismatch=None):
-        return Report(mismatch is None, len(steps), tensors, counts, worst[0], worst[1], mismatch)
+        return Report(mismatch is None, len(steps), tensors, counts, worst[0], worst[1], mismatch,
+                      rtol)
 
     for step in steps:
         ref = reference.steps[step]
