@@ -87,7 +87,7 @@ lab: setup
 # their own, so that `make test` never overwrites yours.
 TEST_HOME := $(CURDIR)/.venv/test-home
 test: setup
-	DISTLAB_HOME=$(TEST_HOME) $(VPY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	DISTLAB_HOME="$(TEST_HOME)" $(VPY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 	$(MAKE) --no-print-directory test-spawn SPAWN_NOTEBOOKS="$(SPAWN_CORE)"
 	$(MAKE) --no-print-directory test-cpu-kernels
@@ -103,7 +103,7 @@ SPAWN_CORE := $(addprefix notebooks/,00_launching_from_a_notebook.ipynb \
   24_capstone_2d_parallel.ipynb)
 SPAWN_NOTEBOOKS ?= notebooks
 test-spawn: setup
-	DISTLAB_HOME=$(TEST_HOME) DISTLAB_START_METHOD=spawn $(VPY) -m pytest \
+	DISTLAB_HOME="$(TEST_HOME)" DISTLAB_START_METHOD=spawn $(VPY) -m pytest \
 	  --durations=10 $(SPAWN_NOTEBOOKS)
 
 # The notebooks whose numbers come from float arithmetic (Part III) again, with the kernels another
@@ -115,7 +115,7 @@ CPU_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=COMP
   OMP_NUM_THREADS=3
 CPU_KERNEL_NOTEBOOKS ?= $(wildcard notebooks/19_*.ipynb notebooks/2[0-9]_*.ipynb)
 test-cpu-kernels: setup
-	DISTLAB_HOME=$(TEST_HOME) $(CPU_KERNELS) $(VPY) -m pytest --durations=10 \
+	DISTLAB_HOME="$(TEST_HOME)" $(CPU_KERNELS) $(VPY) -m pytest --durations=10 \
 	  $(CPU_KERNEL_NOTEBOOKS)
 
 # The newest releases pyproject.toml allows (torch stays 2.13.0), in a venv of their own: the unit
@@ -134,7 +134,7 @@ test-latest:
 	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager \
 	  -c $(LATEST)/torch-pin.txt -e ".[dev]"
 	$(LATEST)/bin/python requirements/lock.py --diff
-	DISTLAB_HOME=$(CURDIR)/$(LATEST)/test-home $(LATEST)/bin/python -m pytest tests \
+	DISTLAB_HOME="$(CURDIR)/$(LATEST)/test-home" $(LATEST)/bin/python -m pytest tests \
 	  $(LATEST_NOTEBOOKS)
 
 # Re-execute every notebook in place, top to bottom in a fresh kernel, one at a time so that a
@@ -145,7 +145,7 @@ notebooks: setup
 	@for nb in $(NOTEBOOKS); do \
 	  if [ ! -e "$$nb" ]; then echo "no notebooks to run"; exit 0; fi; \
 	  echo "running $$nb"; \
-	  DISTLAB_HOME=$(TEST_HOME) $(VPY) -m jupyter nbconvert --to notebook --execute --inplace \
+	  DISTLAB_HOME="$(TEST_HOME)" $(VPY) -m jupyter nbconvert --to notebook --execute --inplace \
 	    --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.kernel_name=python3 "$$nb" \
 	    || { echo "FAILED: $$nb"; exit 1; }; \
 	done
