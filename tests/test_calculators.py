@@ -135,12 +135,34 @@ def test_activations_without_parallelism_are_sbh_34_plus_5as_over_h():
                              precision="fp32").activations == 2 * e.activations
 
 
-def test_pipeline_first_stage_holds_pp_microbatches_of_its_layers_and_cp_splits_the_sequence():
-    base = memory_per_device("Llama-3 8B", checkpointing="selective", seq_len=4096)
-    assert memory_per_device("Llama-3 8B", pp=4, checkpointing="selective",
-                             seq_len=4096).activations == base.activations
-    halved = memory_per_device("Llama-3 8B", cp=2, checkpointing="selective", seq_len=4096)
-    assert 2 * halved.activations == base.activations
+def test_pipeline_stages_hold_their_microbatches_in_flight_and_cp_splits_the_sequence():
+    first = memory_per_device("Llama-3 8B", pp=4, seq_len=4096)
+    last = first.with_(stage=3)
+    assert (first.in_flight, last.in_flight) == (4, 1)  # 1F1B
+    assert first.activations == 4 * first.per_microbatch
+    assert last.activations == last.per_microbatch
+    named = {what for what, _ in first.terms}, {what for what, _ in last.terms}
+    assert "token ids" in named[0] and "log-softmax (fp32)" not in named[0]
+    assert "log-softmax (fp32)" in named[1] and "token ids" not in named[1]
+    assert first.with_(microbatches=2).in_flight == 2
+    # context parallelism: every rank holds half the tokens, but gathers all keys and values
+    one, two = (dict(memory_per_device("Llama-3 8B", cp=cp, seq_len=4096).terms)
+                for cp in (1, 2))  # fmt: skip
+    assert two["q"] * 2 == one["q"] and two["k, v"] == one["k, v"]
+    assert two["SwiGLU"] * 2 == one["SwiGLU"]
+
+
+def test_attention_written_out_keeps_the_softmax_and_selective_recompute_drops_it():
+    flash = dict(memory_per_device("Llama-3 8B", seq_len=4096).terms)
+    written = dict(memory_per_device("Llama-3 8B", seq_len=4096, attention="written").terms)
+    s, a, layers = 4096, 32, 32
+    assert written["softmax"] == 2 * a * s * s * layers and "softmax" not in flash
+    again = memory_per_device("Llama-3 8B", seq_len=4096, attention="written",
+                              checkpointing="selective")  # fmt: skip
+    assert "softmax" not in dict(again.terms)
+    # with flash attention, recomputing the core saves only the log-sum-exp
+    sel = memory_per_device("Llama-3 8B", seq_len=4096, checkpointing="selective")
+    assert sum(flash.values()) - sel.per_microbatch == flash["log-sum-exp"]
 
 
 def test_mixture_of_experts_shares_out_its_experts_over_ep():
@@ -209,22 +231,26 @@ def test_course_models_activations_are_what_autograd_saves(name):
 
 
 def test_text_shows_exact_bytes_and_gb_and_is_deterministic():
-    e = memory_per_device("Llama-3 70B", dp=8, tp=8, zero=1, checkpointing="selective",
+    e = memory_per_device("Llama-3 70B", dp=8, tp=8, zero=1, checkpointing="full",
                           seq_len=8192)
     assert isinstance(e, MemoryEstimate) and repr(e) == str(e) == e.text()
     assert e.text() == memory_per_device("Llama-3 70B", dp=8, tp=8, zero=1,
-                                         checkpointing="selective", seq_len=8192).text()
+                                         checkpointing="full", seq_len=8192).text()
     assert "params      17,640,734,720      17.64" in e.text()
-    assert "total       71,329,034,240      71.33" in e.text()
+    assert "total       50,530,598,916      50.53" in e.text()
+    assert "peak        51,092,905,988      51.09  (estimate: total + a recomputed layer)" in (
+        e.text())
     assert e.fits() and not e.with_(tp=4).fits()
     assert "0x" not in e.text()  # no object addresses
 
 
-def test_smallest_tp_at_which_llama3_70b_fits_in_80_gb_with_zero_1_is_8():
-    # The notebook exercise's answer: dp=8, selective checkpointing, 8192 tokens.
-    fits = [tp for tp in (1, 2, 4, 8) if memory_per_device(
-        "Llama-3 70B", dp=8, tp=tp, zero=1, checkpointing="selective", seq_len=8192).fits()]
-    assert fits[0] == 8
+def test_smallest_tp_at_which_llama3_70b_peaks_under_80_gb_with_fsdp_and_full_recompute_is_4():
+    # Notebook 15's exercise 4: dp=8, ZeRO-3, full checkpointing, 8192 tokens. At tp=2 the
+    # total (78.2 GB) fits and the peak (82.4 GB) does not.
+    ests = {tp: memory_per_device("Llama-3 70B", dp=8, tp=tp, zero=3, checkpointing="full",
+                                  seq_len=8192) for tp in (1, 2, 4, 8)}  # fmt: skip
+    assert [tp for tp, e in ests.items() if e.fits()] == [4, 8]
+    assert ests[2].total < 80 * GB < ests[2].peak
 
 
 def test_chart_draws_png_bytes_that_depend_only_on_the_estimate():
@@ -241,8 +267,10 @@ def test_chart_draws_png_bytes_that_depend_only_on_the_estimate():
         (dict(model="Llama-3 8B", tp=3), "tp=3 does not divide the 32 attention heads of "
                                          "Llama-3 8B: choose tp in 1, 2, 4, 8"),
         (dict(model="Llama-3 8B", tp=16), "16 does not divide the 8 key-value heads"),
-        (dict(model="Llama-3 70B", pp=3), "pp=3 does not divide the 80 layers of Llama-3 70B "
-                                          "into equal stages: choose pp in 1, 2, 4, 5, 8, 10"),
+        (dict(model="Llama-3 8B", pp=33), "pp=33 stages need at least one layer each; the model "
+                                          "has 32: choose pp in 1, 2, 4, 8, 16, 32"),
+        (dict(model="Llama-3 8B", stage=4, pp=4), "stage must be a pipeline stage, 0 to 3"),
+        (dict(model="Llama-3 8B", attention="flash"), "attention='flash' is not one of"),
         (dict(model="Llama-3 8B", ep=2), "Llama-3 8B is dense (no experts)"),
         (dict(model="Mixtral 8x7B", dp=4, ep=8), "ep=8 must divide dp=4"),
         (dict(model="Llama-3 8B", cp=3, seq_len=4096), "seq_len=4096 does not split into cp=3"),

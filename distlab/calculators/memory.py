@@ -44,13 +44,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._text import GB, CalculatorError, choice, divisors, one_of, positive_int
-from .models import MLP, Params, Transformer, describe, get_model
+from .activations import llama_terms
+from .models import MLP, Params, Transformer, describe, get_model, stage_layers
 
-__all__ = ["CHECKPOINTING", "PARTS", "PRECISIONS", "MemoryEstimate", "memory_per_device"]
+__all__ = ["ATTENTIONS", "CHECKPOINTING", "PARTS", "PRECISIONS", "MemoryEstimate",
+           "memory_per_device"]
 
-#: Bytes per parameter of (parameter, gradient, Adam's optimizer state).
-PRECISIONS = {"fp32": (4, 4, 8), "bf16-mixed": (2, 2, 12)}
-CHECKPOINTING = ("none", "selective", "full")
+#: Bytes per parameter of (parameter, gradient, Adam's optimizer state), as each kind of
+#: training keeps them between steps:
+#:   fp32             4 + 4 + 8    everything in fp32
+#:   bf16-mixed       2 + 2 + 12   the ZeRO paper's (and DeepSpeed's): bf16 weights and
+#:                                 gradients, an fp32 master copy in the optimizer with m and v
+#:   bf16-fp32-grads  2 + 4 + 12   Megatron-LM's: gradients accumulated and reduced in fp32
+#:   bf16-fsdp2       4 + 4 + 8    FSDP2's MixedPrecisionPolicy(bf16, reduce fp32): the fp32
+#:                                 shards are the master weights; bf16 copies exist only while a
+#:                                 unit is gathered (counted in the peak, not here)
+PRECISIONS = {"fp32": (4, 4, 8), "bf16-mixed": (2, 2, 12), "bf16-fp32-grads": (2, 4, 12),
+              "bf16-fsdp2": (4, 4, 8)}  # fmt: skip
+#: Bytes of one activation value: bf16 compute for every mixed precision.
+ACTIVATION_BYTES = {"fp32": 4, "bf16-mixed": 2, "bf16-fp32-grads": 2, "bf16-fsdp2": 2}
+CHECKPOINTING = ("none", "selective", "op-selective", "full")
+ATTENTIONS = ("sdpa", "written")
 PARTS = ("params", "grads", "optimizer", "activations")
 _ZERO = {0: "no ZeRO (DDP)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
 
@@ -79,6 +93,17 @@ class MemoryEstimate:
     grads: int
     optimizer: int
     activations: int
+    attention: str = "sdpa"
+    stage: int = 0
+    microbatches: int | None = None
+    loss_parallel: bool = True
+    replicate: int = 1
+    reshard_after_forward: bool = True
+    in_flight: int = 1
+    per_microbatch: int = 0
+    gathered: int = 0
+    recomputed: int = 0
+    terms: tuple = ()
 
     @property
     def total(self) -> int:
@@ -86,12 +111,30 @@ class MemoryEstimate:
 
     @property
     def devices(self) -> int:
-        """Devices in the whole job: dp x tp x pp x cp (expert parallelism reuses the dp ranks)."""
-        return self.dp * self.tp * self.pp * self.cp
+        """Devices in the whole job: replicate x dp x tp x pp x cp (expert parallelism reuses
+        the dp ranks)."""
+        return self.replicate * self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def peak(self) -> int:
+        """The most bytes alive during a step: ``total`` (the parameters', gradients' and
+        optimizer's shards, and the activations of ``in_flight`` microbatches) plus
+        ``gathered``, the parameters FSDP has all-gathered for computing (ZeRO-3 without
+        pipelining: the unit computing and the one prefetched; ZeRO-2, or any ZeRO with
+        pipelining, keeps every unit of the stage gathered from its forward to its backward)
+        and, with checkpointing, ``recomputed``: the layer running again in backward holds its
+        whole activations meanwhile. An estimate: it adds the largest parts as if they were
+        alive at the same moment, and leaves out the gradients of activations in backward, the
+        gradients not yet reduce-scattered, the logits' fp32 copy, the optimizer's temporaries
+        (fused AdamW has none) and allocator fragmentation. Against PyTorch's own code on
+        simulated ranks (bench/calculator_vs_simulation.py) it is within 4% without
+        checkpointing and within 12% with it (context parallelism over 16 ranks: the gradients
+        of activations then matter); every other part is exact."""
+        return self.total + self.gathered + self.recomputed
 
     def fits(self, capacity: int = 80 * GB) -> bool:
-        """Whether the total fits in ``capacity`` bytes (default 80 GB, an H100's memory)."""
-        return self.total <= capacity
+        """Whether the ``peak`` fits in ``capacity`` bytes (default 80 GB, an H100's memory)."""
+        return self.peak <= capacity
 
     def with_(self, **changes) -> MemoryEstimate:
         """The same estimate with some inputs changed, e.g. ``est.with_(zero=3)``."""
@@ -122,6 +165,11 @@ class MemoryEstimate:
         for part in (*PARTS, "total"):
             value = getattr(self, part)
             lines.append(f"{part:12}{value:>{width},}  {value / GB:9.2f}")
+        if self.peak != self.total:
+            added = [what for what, n in (("gathered parameters", self.gathered),
+                                          ("a recomputed layer", self.recomputed)) if n]
+            lines.append(f"{'peak':12}{self.peak:>{width},}  {self.peak / GB:9.2f}  "
+                         f"(estimate: total + {' + '.join(added)})")  # fmt: skip
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -138,7 +186,8 @@ class MemoryEstimate:
 
 
 _INPUTS = ("model", "dp", "tp", "pp", "cp", "ep", "zero", "precision", "checkpointing",
-           "seq_len", "micro_batch", "sequence_parallel")
+           "seq_len", "micro_batch", "sequence_parallel", "attention", "stage", "microbatches",
+           "loss_parallel", "replicate", "reshard_after_forward")
 
 
 def memory_per_device(
@@ -155,6 +204,12 @@ def memory_per_device(
     seq_len=2048,
     micro_batch=1,
     sequence_parallel=True,
+    attention="sdpa",
+    stage=0,
+    microbatches=None,
+    loss_parallel=True,
+    replicate=1,
+    reshard_after_forward=True,
 ) -> MemoryEstimate:
     """The bytes one device holds when ``model`` trains with Adam on this layout.
 
@@ -166,11 +221,24 @@ def memory_per_device(
             ranks (as Megatron-Core and DeepSpeed-MoE do).
         zero: the ZeRO stage, 0 to 3, sharding over the dp x cp ranks that hold the same
             parameters (the experts' state over dp x cp / ep).
-        precision: "fp32" (4 + 4 + 8 bytes per parameter) or "bf16-mixed" (2 + 2 + 12).
+        precision: bytes per parameter (see `PRECISIONS`): "fp32" (4 + 4 + 8), "bf16-mixed"
+            (2 + 2 + 12, the ZeRO paper's), "bf16-fp32-grads" (2 + 4 + 12, Megatron-LM's) or
+            "bf16-fsdp2" (4 + 4 + 8: FSDP2's fp32 shards; bf16 only while gathered).
         checkpointing: activation recomputation: "none", "selective" or "full".
         seq_len, micro_batch: tokens per sequence and sequences per microbatch.
         sequence_parallel: with tp > 1, also split the norms' and dropouts' activations
             (Megatron-LM's sequence parallelism).
+        attention: for a Llama-architecture model: "sdpa" (flash attention: the scores are
+            never kept) or "written" (the softmax of the scores is).
+        stage: the pipeline stage whose device is reported (0: the first, which holds the most
+            microbatches in flight; ``pp - 1`` holds the logits).
+        microbatches: microbatches per step (pipelining, 1F1B); default ``pp``. Stage ``r``
+            holds ``min(pp - r, microbatches)`` of them at once.
+        loss_parallel: with tp > 1, the logits stay split by vocabulary into the loss.
+        replicate: HSDP: replicas of the dp-sharded model (more devices, the same per device).
+        reshard_after_forward: with zero=3, FSDP frees the gathered parameters after each
+            unit's forward (True) or keeps them until its backward (False: more memory, one
+            all-gather fewer; what FSDP2 does with pipelining). Only the peak changes.
 
     Returns:
         A `MemoryEstimate` (exact bytes; its text shows them and GB).
@@ -184,8 +252,14 @@ def memory_per_device(
             lists what would work.
     """
     m = get_model(model)
-    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):
+    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep),
+                        ("replicate", replicate)):  # fmt: skip
         positive_int(value, name)
+    if microbatches is not None:
+        positive_int(microbatches, "microbatches")
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
+        raise CalculatorError(f"stage must be a pipeline stage, 0 to {pp - 1}, got {stage!r}")
+    choice(attention, "attention", ATTENTIONS)
     positive_int(seq_len, "seq_len")
     positive_int(micro_batch, "micro_batch")
     if zero not in _ZERO or isinstance(zero, bool):
@@ -197,7 +271,7 @@ def memory_per_device(
     choice(checkpointing, "checkpointing", CHECKPOINTING)
     _check_layout(m, dp, cp, ep, seq_len, checkpointing)
 
-    dense, expert = m.shard(tp, pp, stage=0)
+    dense, expert = m.shard(tp, pp, stage=stage)
     expert //= ep
     shards = {"dense": (dense, dp * cp), "expert": (expert, dp * cp // ep)}
     p_bytes, g_bytes, k_bytes = PRECISIONS[precision]
@@ -205,15 +279,56 @@ def memory_per_device(
     def part(per_param: int, sharded: bool) -> int:
         return sum(-(-n // (ways if sharded else 1)) * per_param for n, ways in shards.values())
 
+    in_flight = min(pp - stage, microbatches or pp)  # 1F1B
+    terms = _activation_terms(m, tp=tp, pp=pp, cp=cp, ep=ep, seq_len=seq_len,
+                              micro_batch=micro_batch, checkpointing=checkpointing,
+                              sp=bool(sequence_parallel), precision=precision,
+                              attention=attention, stage=stage, loss_parallel=loss_parallel)
+    per_microbatch = sum(b for _, b in terms)
     return MemoryEstimate(
         model=m, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, precision=precision,
         checkpointing=checkpointing, seq_len=seq_len, micro_batch=micro_batch,
         sequence_parallel=bool(sequence_parallel), numel=dense + expert,
         params=part(p_bytes, zero >= 3), grads=part(g_bytes, zero >= 2),
-        optimizer=part(k_bytes, zero >= 1),
-        activations=_activations(m, tp, pp, cp, seq_len, micro_batch, checkpointing,
-                                 bool(sequence_parallel), precision),
-    )
+        optimizer=part(k_bytes, zero >= 1), activations=in_flight * per_microbatch,
+        attention=attention, stage=stage, microbatches=microbatches,
+        loss_parallel=bool(loss_parallel), replicate=replicate,
+        reshard_after_forward=bool(reshard_after_forward), in_flight=in_flight,
+        per_microbatch=per_microbatch, terms=tuple(terms),
+        gathered=_gathered(m, tp, pp, stage, zero, precision, ep, bool(reshard_after_forward)),
+        recomputed=_recomputed(m, checkpointing, tp=tp, pp=pp, cp=cp, ep=ep, seq_len=seq_len,
+                               micro_batch=micro_batch, sp=bool(sequence_parallel),
+                               precision=precision, attention=attention, stage=stage,
+                               loss_parallel=loss_parallel),
+    )  # fmt: skip
+
+
+def _recomputed(m, checkpointing, **kw) -> int:
+    """With checkpointing, the one layer whose forward runs again in backward holds its whole
+    activations meanwhile."""
+    if checkpointing == "none" or not isinstance(m, Transformer):
+        return 0
+    whole = _activation_terms(m, checkpointing="none", **kw)
+    kept = _activation_terms(m, checkpointing=checkpointing, **kw)
+    layers = len(stage_layers(m.layers, kw["pp"])[kw["stage"]])
+    return (sum(b for _, b in whole) - sum(b for _, b in kept)) // layers
+
+
+def _gathered(m, tp, pp, stage, zero, precision, ep, reshard_after_forward) -> int:
+    """Bytes of parameters gathered for computing, in the compute dtype (see ``peak``)."""
+    if zero < 2 or not isinstance(m, Transformer):
+        return 0
+    per = ACTIVATION_BYTES[precision]
+    dense, expert = m.layer_parameters(tp)
+    layer = dense + expert // ep
+    if zero == 2 or pp > 1 or not reshard_after_forward:  # every unit, forward to backward
+        layers = len(stage_layers(m.layers, pp)[stage])
+        return (layers * layer + m.end_parameters(tp, pp, stage)) * per
+    # ZeRO-3 alone: the last block and (on the last stage) the norm and output layer stay
+    # gathered for the backward that starts with them, as torchtitan sets its units up; then
+    # the block computing and the one prefetched
+    output = m.end_parameters(tp, pp, stage) - (m.end_parameters(tp, 2, 0) if stage == 0 else 0)
+    return (2 * layer + output) * per
 
 
 def _check_layout(m, dp, cp, ep, seq_len, checkpointing) -> None:
@@ -250,14 +365,22 @@ def _check_layout(m, dp, cp, ep, seq_len, checkpointing) -> None:
         )
 
 
-def _activations(m, tp, pp, cp, seq_len, micro_batch, checkpointing, sp, precision) -> int:
-    """Bytes of activations on the first pipeline stage (see the module's docstring)."""
-    in_flight = pp  # 1F1B: the first stage holds pp microbatches
+def _activation_terms(m, *, tp, pp, cp, ep, seq_len, micro_batch, checkpointing, sp, precision,
+                      attention, stage, loss_parallel) -> list:
+    """``[(what, bytes)]`` one microbatch leaves alive on the stage's device (see the module's
+    docstring)."""
+    e = ACTIVATION_BYTES[precision]
     if isinstance(m, Params):
-        return 0
+        return []
     if isinstance(m, MLP):
-        per_value = PRECISIONS[precision][0]
-        return in_flight * seq_len * micro_batch * m.saved_per_row(pp, 0) * per_value
+        saved = seq_len * micro_batch * m.saved_per_row(pp, stage) * e
+        return [("each Linear's input (and the last activation's output)", saved)]
+    layers = len(stage_layers(m.layers, pp)[stage])
+    if m.gated:
+        return llama_terms(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, sp=sp, e=e,
+                           attention=attention, checkpointing=checkpointing, layers=layers,
+                           first=stage == 0, last=stage == pp - 1, ep=ep,
+                           loss_parallel=loss_parallel)  # fmt: skip
     s, b, h, a, t, k = seq_len // cp, micro_batch, m.hidden, m.heads, tp, m.top_k
     sbh = s * b * h
     unsplit, split = 10 + 3 * (k - 1), 24 + 16 * (k - 1)  # 10 + 24 = the paper's 34
@@ -270,4 +393,5 @@ def _activations(m, tp, pp, cp, seq_len, micro_batch, checkpointing, sp, precisi
     else:
         per_layer = unsplit * sbh + split * sbh // t + scores
     scale = 2 if precision == "fp32" else 1  # the paper counts 2-byte activations
-    return in_flight * (m.layers // pp) * per_layer * scale
+    return [("Korthikanti et al.'s count of a GPT layer (with dropout)",
+             layers * per_layer * scale)]

@@ -9,8 +9,9 @@ MLPs, or a bare parameter count.
 Each model counts its parameters, whole or as one device holds them under tensor parallelism
 (Megatron-LM's split: attention heads, MLP columns/rows and the vocabulary divided by ``tp``;
 norms, position embeddings and row-parallel biases whole on every tensor-parallel rank) and
-pipeline parallelism (equal numbers of layers per stage; the embedding on the first stage, the
-final norm and output layer on the last). Knows nothing about bytes, optimizers or activations:
+pipeline parallelism (a transformer's layers as `stage_layers` splits them: equally, or as the
+Llama 3 paper does when pp does not divide them; the embedding on the first stage, the final
+norm and output layer on the last). Knows nothing about bytes, optimizers or activations:
 `memory` does that.
 """
 
@@ -20,12 +21,35 @@ from dataclasses import dataclass
 
 from ._text import CalculatorError, divisors, one_of
 
-__all__ = ["MLP", "PRESETS", "Params", "Transformer", "get_model"]
+__all__ = ["MLP", "PRESETS", "Params", "Transformer", "get_model", "stage_layers"]
 
 
 def _split(n: int, parts: int) -> int:
     """The largest share of ``n`` items split ``parts`` ways (Megatron pads the vocabulary)."""
     return -(-n // parts)
+
+
+def stage_layers(layers: int, pp: int) -> list[range]:
+    """The layers of each of ``pp`` pipeline stages. Equal when ``pp`` divides ``layers``;
+    otherwise as the Llama 3 paper balances 126 layers on 16 stages: every stage gets
+    ``ceil(layers / pp)``, and the first and last stages (which also hold the embedding and the
+    output layer) give up the difference, alternately, one layer at a time. Raises
+    `CalculatorError` when that leaves a stage empty."""
+    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1 or layers < pp:
+        raise CalculatorError(f"pp={pp!r} stages need at least one layer each; the model has "
+                              f"{layers}: choose pp in {one_of(divisors(layers))}")  # fmt: skip
+    per = -(-layers // pp)
+    sizes = [per] * pp
+    for step in range(per * pp - layers):
+        sizes[0 if step % 2 == 0 else -1] -= 1
+    if min(sizes) < 1:
+        raise CalculatorError(f"{layers} layers do not fill pp={pp} stages; choose pp in "
+                              f"{one_of(divisors(layers))}")  # fmt: skip
+    out, start = [], 0
+    for n in sizes:
+        out.append(range(start, start + n))
+        start += n
+    return out
 
 
 def _check_pp(name: str, layers: int, pp: int) -> None:
@@ -51,6 +75,8 @@ class Transformer:
         gated: a gated MLP with three matrices (SwiGLU: Llama); False: two (GPT-2's GELU MLP).
         experts, top_k: a mixture of experts: ``experts`` MLPs per layer plus a router, each token
             sent to ``top_k`` of them (1, 1: a dense model).
+        dropout: the dropout probability it trains with (GPT-2: 0.1; Llama and Mixtral: 0). The
+            memory calculator counts dropout's masks only for a model that has them.
         source: where the numbers come from.
     """
 
@@ -67,6 +93,7 @@ class Transformer:
     gated: bool = True
     experts: int = 1
     top_k: int = 1
+    dropout: float = 0.0
     source: str = ""
 
     def __post_init__(self):
@@ -95,13 +122,9 @@ class Transformer:
                     f"choose tp in {one_of(good)}"
                 )
 
-    def shard(self, tp: int, pp: int, stage: int) -> tuple[int, int]:
-        """Parameters one device holds with tensor-parallel size ``tp``, on pipeline ``stage``
-        of ``pp``: ``(dense, expert)``, the experts of all of its layers (before expert
-        parallelism divides them). Raises `CalculatorError` for a ``tp`` or ``pp`` that does
-        not divide the model (the message lists the sizes that do)."""
-        self.check_tp(tp)
-        _check_pp(self.name, self.layers, pp)
+    def layer_parameters(self, tp: int = 1) -> tuple[int, int]:
+        """``(dense, expert)`` parameters of one layer on one tensor-parallel rank (the experts
+        before expert parallelism divides them)."""
         h, hd = self.hidden, self.hidden // self.heads
         q, kv = self.heads * hd, self.kv_heads * hd
         # Column-parallel (q, k, v; the MLP's first matrices) splits weights and biases by tp;
@@ -112,23 +135,37 @@ class Transformer:
         if self.bias:
             attn += (q + 2 * kv) // tp + h
             mlp += (mats - 1) * self.intermediate // tp + h
-        norm = h * (2 if self.bias else 1)
-        layer = attn + 2 * norm
-        expert = 0
-        if self.experts > 1:
-            layer += h * self.experts  # the router
-            expert = mlp * self.experts * (self.layers // pp)
-        else:
-            layer += mlp
-        dense = layer * (self.layers // pp)
-        embedding = _split(self.vocab, tp) * h
+        layer = attn + 2 * self._norm()
+        if self.experts > 1:  # the router, the experts: whole on every tp rank (expert
+            # parallelism splits them; expert-tensor-parallel size 1, DeepSpeed-MoE's default)
+            return layer + h * self.experts, mats * h * self.intermediate * self.experts
+        return layer + mlp, 0
+
+    def _norm(self) -> int:
+        return self.hidden * (2 if self.bias else 1)
+
+    def end_parameters(self, tp: int, pp: int, stage: int) -> int:
+        """Parameters outside the layers on ``stage`` (one tp rank): the embedding (and learned
+        positions) on the first, the final norm and the output layer on the last."""
+        embedding = _split(self.vocab, tp) * self.hidden
+        ends = 0
         if stage == 0:
-            dense += embedding + self.positions * h
+            ends += embedding + self.positions * self.hidden
         if stage == pp - 1:
-            dense += norm
+            ends += self._norm()
             if not self.tied or pp > 1:  # Megatron's last stage keeps a copy of tied embeddings
-                dense += embedding
-        return dense, expert
+                ends += embedding
+        return ends
+
+    def shard(self, tp: int, pp: int, stage: int) -> tuple[int, int]:
+        """Parameters one device holds with tensor-parallel size ``tp``, on pipeline ``stage``
+        of ``pp``: ``(dense, expert)``, the experts of all of its layers (before expert
+        parallelism divides them). Raises `CalculatorError` for a ``tp`` or ``pp`` that does
+        not divide the model (the message lists the sizes that do)."""
+        self.check_tp(tp)
+        layers = len(stage_layers(self.layers, pp)[stage])
+        dense, expert = self.layer_parameters(tp)
+        return dense * layers + self.end_parameters(tp, pp, stage), expert * layers
 
 
 @dataclass(frozen=True)
@@ -210,6 +247,7 @@ PRESETS = {
             "notebooks/16, make_model()"),
         Transformer("GPT-2 124M", vocab=50257, hidden=768, intermediate=3072, layers=12,
                     heads=12, kv_heads=12, positions=1024, tied=True, bias=True, gated=False,
+                    dropout=0.1,
                     source="config.json of openai-community/gpt2 on the Hugging Face Hub"),
         Transformer("Llama-3 8B", vocab=128256, hidden=4096, intermediate=14336, layers=32,
                     heads=32, kv_heads=8, source=_META.format("Meta-Llama-3-8B")),

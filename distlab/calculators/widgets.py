@@ -43,7 +43,7 @@ def _links():
 def memory(model="Llama-3 8B", dp=8, tp=1, pp=1, cp=1, ep=1, zero=1, precision="bf16-mixed",
            checkpointing="selective", seq_len=4096, micro_batch=1) -> Calculator:
     """Memory per device (`memory_per_device`), a control for each argument (``model``: a
-    preset's name); the text also says whether the total fits in an 80 GB device."""
+    preset's name); the text also says whether the peak fits in an 80 GB device."""
     controls = {
         "model": dropdown(list(PRESETS), model, "model"),
         "zero": dropdown(_ZERO, zero, "ZeRO stage"),
@@ -61,7 +61,7 @@ def memory(model="Llama-3 8B", dp=8, tp=1, pp=1, cp=1, ep=1, zero=1, precision="
     def compute(**values):
         est = memory_per_device(values.pop("model"), **values)
         verdict = "fits" if est.fits() else "does not fit"
-        return f"{est.text()}\n{verdict} in an 80 GB device", est.chart()
+        return f"{est.text()}\nits peak {verdict} in an 80 GB device", est.chart()
 
     return Calculator("memory", controls, compute)
 

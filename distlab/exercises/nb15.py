@@ -190,14 +190,14 @@ def exercise_3(all_gathers_per_step, cluster) -> None:
 
 # -- exercise 4: how much tensor parallelism? --------------------------------------------------
 
-LLAMA = dict(model="Llama-3 70B", dp=8, zero=1, precision="bf16-mixed",
-             checkpointing="selective", seq_len=8192)  # fmt: skip
+LLAMA = dict(model="Llama-3 70B", dp=8, zero=3, precision="bf16-mixed",
+             checkpointing="full", seq_len=8192)  # fmt: skip
 
 
 def exercise_4(smallest_tp) -> None:
-    """``smallest_tp()``: the smallest tensor-parallel size at which Llama-3 70B fits in an
-    80 GB device with ZeRO-1 (dp=8, selective checkpointing, 8192 tokens, bf16 mixed), asked
-    of the memory calculator for every size it accepts."""
+    """``smallest_tp()``: the smallest tensor-parallel size at which the peak of Llama-3 70B
+    fits in an 80 GB device with FSDP (ZeRO-3, dp=8, full checkpointing, 8192 tokens, bf16
+    mixed), asked of the memory calculator for every size it accepts."""
     from ..calculators import GB, CalculatorError, memory_per_device
 
     guess = smallest_tp()
@@ -221,9 +221,10 @@ def exercise_4(smallest_tp) -> None:
     est = fits[guess]
     if not est.fits():
         raise AssertionError(
-            f"with tp={guess} each device needs {est.total / GB:.1f} GB: more than 80 GB"
+            f"with tp={guess} each device needs {est.peak / GB:.1f} GB at its peak: more than "
+            "80 GB"
         )
     raise AssertionError(
-        f"tp={guess} fits ({est.total / GB:.1f} GB), but so does a smaller size: which is the "
-        "smallest?"
+        f"tp={guess} fits (a peak of {est.peak / GB:.1f} GB), but so does a smaller size: "
+        "which is the smallest?"
     )

@@ -107,12 +107,20 @@ def all_gathers_per_step(reshard_after_forward):
 """, "should be a count, an int"),
     Answer(4, "the answer", """
 def smallest_tp():
-    return 8
-""", RIGHT),
-    Answer(4, "tp=4: half the heads per device, not enough", """
-def smallest_tp():
     return 4
-""", "142.7 GB"),
+""", RIGHT),
+    Answer(4, "tp=2: the total fits, the peak does not", """
+def smallest_tp():
+    return 2
+""", "82.4 GB at its peak"),
+    Answer(4, "tp=8: fits, but so does 4", """
+def smallest_tp():
+    return 8
+""", "but so does a smaller size"),
+    Answer(4, "tp=1: full checkpointing alone is not enough on 8 devices", """
+def smallest_tp():
+    return 1
+""", "164.4 GB at its peak"),
     Answer(4, "tp=16: more than the key-value heads", """
 def smallest_tp():
     return 16
@@ -127,6 +135,6 @@ def smallest_tp():
 """, "tp=64 cannot split"),
     Answer(4, "a float", """
 def smallest_tp():
-    return 8.0
+    return 4.0
 """, "an int"),
 ]

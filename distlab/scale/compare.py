@@ -1,0 +1,74 @@
+"""The memory calculator's answer beside the simulated rank's, part by part.
+
+    laid = scale.lay_out("Llama-3 70B", scale.Layout(dp=8, tp=8, checkpointing="full"))
+    scale.against_calculator(laid)      # a table: simulated, calculator, calculator / simulated
+
+The calculator is asked the same question the simulation answered: the same model, sizes,
+checkpointing and pipeline stage, with precision "bf16-fsdp2" (FSDP2's fp32 shards, bf16
+compute) or "fp32", as `Layout.precision` runs. Knows nothing about how either is computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..calculators._text import GB
+from ..calculators.memory import MemoryEstimate, memory_per_device
+from .lay_out import LaidOut
+from .simulate import RankReport
+
+__all__ = ["PARTS", "Comparison", "against_calculator", "calculator_for"]
+
+#: What is compared: (label, RankReport attribute, MemoryEstimate attribute).
+PARTS = (("parameters", "params", "params"), ("gradients", "grads", "grads"),
+         ("Adam state", "optimizer", "optimizer"),
+         ("activations, one microbatch", "activations", "per_microbatch"),
+         ("peak", "peak", "peak"))  # fmt: skip
+
+
+def calculator_for(report: RankReport) -> MemoryEstimate:
+    """`memory_per_device` asked about the rank ``report`` simulated."""
+    lay = report.layout
+    return memory_per_device(
+        report.model, dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep,
+        zero=lay.zero, reshard_after_forward=lay.reshard_after_forward,
+        checkpointing=lay.checkpointing,
+        precision="bf16-fsdp2" if lay.precision == "bf16-mixed" else "fp32",
+        seq_len=lay.seq_len, micro_batch=lay.micro_batch,
+        sequence_parallel=lay.sequence_parallel, attention=lay.attention, stage=report.stage,
+        microbatches=lay.microbatches, loss_parallel=lay.loss_parallel,
+        replicate=lay.replicate,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``rows``: (rank's stage, part, simulated bytes, calculator bytes), in `PARTS` order."""
+
+    laid: LaidOut
+    rows: tuple
+
+    def worst(self) -> float:
+        """The largest relative difference, |calculator / simulated - 1|, over every row."""
+        return max(abs(calc / sim - 1) if sim else float(calc != 0)
+                   for _, _, sim, calc in self.rows)  # fmt: skip
+
+    def text(self) -> str:
+        lines = [f"{self.laid.model.name} on {self.laid.layout.text()}",
+                 f"{'stage':>5}  {'':28}{'simulated GB':>13}{'calculator GB':>15}{'calc/sim':>10}"]
+        for stage, part, sim, calc in self.rows:
+            ratio = f"{calc / sim:.4f}" if sim else "-"
+            lines.append(f"{stage:>5}  {part:28}{sim / GB:>13.3f}{calc / GB:>15.3f}{ratio:>10}")
+        return "\n".join(lines)
+
+    __repr__ = __str__ = text
+
+
+def against_calculator(laid: LaidOut) -> Comparison:
+    """Every simulated rank of ``laid`` beside `calculator_for` it, part by part."""
+    rows = []
+    for report in laid.ranks:
+        est = calculator_for(report)
+        for label, sim_attr, calc_attr in PARTS:
+            rows.append((report.stage, label, getattr(report, sim_attr), getattr(est, calc_attr)))
+    return Comparison(laid, tuple(rows))

@@ -1,0 +1,168 @@
+"""What one simulated rank does, counted while its step runs under fake tensors.
+
+- `LocalFlops`: the FLOPs this rank computes, with torch's own formulas
+  (``torch.utils.flop_counter``), counted on the *local* ops. ``FlopCounterMode`` counts a
+  DTensor op at its global shape (8 times a tensor-parallel rank's work at tp 8); here a DTensor
+  op is passed on (``NotImplemented``) to DTensor, and the local ops it runs come back through
+  this mode and are counted.
+- `Collectives`: every collective this rank issues, with the bytes of its buffer and the mesh
+  dimension whose group it runs on; c10d's ops (FSDP's all-gathers and reduce-scatters) and the
+  functional ones (DTensor's redistributions, context parallelism's all-gathers).
+
+Knows nothing about models or layouts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+__all__ = ["Collective", "Collectives", "LocalFlops"]
+
+
+def _is_dtensor_call(types) -> bool:
+    return any(issubclass(t, DTensor) for t in types)
+
+
+_aten = torch.ops.aten
+#: torch's formulas, and the CPU's flash attention counted as CUDA's is (the same two matmuls
+#: forward, the same five backward; torch's registry knows only the GPU kernels).
+_FORMULAS = dict(flop_registry)
+_FORMULAS[_aten._scaled_dot_product_flash_attention_for_cpu] = (
+    flop_registry[_aten._scaled_dot_product_flash_attention])
+_FORMULAS[_aten._scaled_dot_product_flash_attention_for_cpu_backward] = (
+    flop_registry[_aten._scaled_dot_product_flash_attention_backward])
+
+
+class LocalFlops(TorchDispatchMode):
+    """FLOPs of the ops this rank runs on its own tensors, by op (``counts``) and in all
+    (``total``). A matmul of (m, k) by (k, n) is 2mkn; attention and convolutions as torch's
+    flop counter counts them (attention: the whole score matrix, causal or not)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: Counter = Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _is_dtensor_call(types):
+            return NotImplemented
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = _FORMULAS.get(func._overloadpacket)
+        if formula is not None:
+            self.counts[str(func._overloadpacket)] += int(formula(*args, **kwargs, out_val=out))
+        return out
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective call: ``kind`` ("all_gather", "reduce_scatter", "all_reduce",
+    "all_to_all", "send", "recv", "broadcast"), ``dim`` (the mesh dimension, or several joined
+    by "+"), ``ranks`` in its group, and ``nbytes``: the buffer S of the alpha-beta model (the
+    input of all_reduce, reduce_scatter and all_to_all, the output of all_gather, the message
+    of a send)."""
+
+    kind: str
+    dim: str
+    ranks: int
+    nbytes: int
+
+    @property
+    def sent(self) -> float:
+        """Bytes each rank sends with a ring (``(N-1)/N S``, all_reduce twice that)."""
+        n = self.ranks
+        if self.kind in ("send", "recv", "broadcast"):
+            return float(self.nbytes) if self.kind != "recv" else 0.0
+        share = (n - 1) / n * self.nbytes
+        return 2 * share if self.kind == "all_reduce" else share
+
+
+#: namespace -> {op name: (kind, the positional argument that holds the buffer S, or None for the
+#: op's return value)}. S is what the alpha-beta model calls S: the input of all_reduce,
+#: reduce_scatter, all_to_all and broadcast, the output of all_gather.
+_OPS = {
+    "c10d": {
+        "_allgather_base_": ("all_gather", 0),  # (output, input, group, ...)
+        "allgather_into_tensor_coalesced_": ("all_gather", 0),  # (outputs, inputs, group)
+        "allgather_": ("all_gather", 0),
+        "_reduce_scatter_base_": ("reduce_scatter", 1),  # (output, input, group, ...)
+        "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
+        "reduce_scatter_": ("reduce_scatter", 1),
+        "allreduce_": ("all_reduce", 0),  # (tensors, group, ...)
+        "allreduce_coalesced_": ("all_reduce", 0),
+        "alltoall_base_": ("all_to_all", 1),  # (output, input, group, ...)
+        "broadcast_": ("broadcast", 0),
+        "send": ("send", 0),
+        "recv_": ("recv", 0),
+    },
+    "_c10d_functional": {
+        "all_gather_into_tensor": ("all_gather", None),  # (input, group size, group name)
+        "all_gather_into_tensor_coalesced": ("all_gather", None),
+        "reduce_scatter_tensor": ("reduce_scatter", 0),
+        "reduce_scatter_tensor_coalesced": ("reduce_scatter", 0),
+        "all_reduce": ("all_reduce", 0),
+        "all_reduce_coalesced": ("all_reduce", 0),
+        "all_to_all_single": ("all_to_all", 0),
+        "broadcast": ("broadcast", 0),
+    },
+}
+_OPS["_c10d_functional_autograd"] = {
+    name: _OPS["_c10d_functional"][name]
+    for name in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
+}
+
+
+def _nbytes(x) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(x) if isinstance(t, torch.Tensor))
+
+
+class Collectives(TorchDispatchMode):
+    """Record the collectives issued while it is active, in ``calls`` (a list of `Collective`).
+
+    Args:
+        names: ``{group_name: mesh dimension name}`` for the groups of the mesh (a group not in
+            it is recorded under its own name).
+    """
+
+    def __init__(self, names: dict[str, str]):
+        super().__init__()
+        self.names = dict(names)
+        self.calls: list[Collective] = []
+
+    def _group(self, args, kwargs) -> tuple[str, int]:
+        for a in tree_leaves((args, kwargs)):
+            if isinstance(a, torch.ScriptObject):
+                try:
+                    group = dist.ProcessGroup.unbox(a)
+                except Exception:  # noqa: BLE001 -- not a process group (a Work, an op)
+                    continue
+                return self.names.get(group.group_name, group.group_name), group.size()
+        name = next((a for a in tree_leaves((args, kwargs)) if isinstance(a, str)
+                     and a in self.names), None)  # fmt: skip
+        if name is not None:
+            return self.names[name], dist.distributed_c10d._resolve_process_group(name).size()
+        return "?", 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _is_dtensor_call(types):
+            return NotImplemented
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        entry = _OPS.get(func.namespace, {}).get(func._overloadpacket.__name__)
+        if entry is not None:
+            kind, which = entry
+            dim, ranks = self._group(args, kwargs)
+            nbytes = _nbytes(out if which is None else args[which])
+            self.calls.append(Collective(kind, dim, ranks, nbytes))
+        return out

@@ -1,0 +1,123 @@
+"""`lay_out`: every rank of a layout that differs from the others, each simulated in a process of
+its own, and what they hold and do, as one table.
+
+    laid = scale.lay_out("Llama-3 405B", scale.Layout(dp=8, tp=8, pp=16, seq_len=8192))
+    laid            # a table: one column per distinct rank (first, middle, last stage)
+
+Ranks that differ are those of different pipeline stages (the first holds the embedding, the
+last the output layer and the loss, and their layer counts may differ); the data-, tensor-,
+context- and expert-parallel ranks of one stage hold and do the same (up to FSDP's padding of
+the last shard). One simulated rank per process: a fake process group and DTensor's caches are
+global to a process, so `lay_out` gives each rank a fresh one with `distlab.launch` (forked from
+the warm helper: tens of milliseconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..calculators._text import GB
+from ..calculators.models import get_model
+from .layout import Layout, stage_layers
+from .simulate import RankReport
+
+__all__ = ["LaidOut", "distinct_stages", "lay_out"]
+
+
+def distinct_stages(layers: int, pp: int) -> list[int]:
+    """The pipeline stages whose ranks differ: the first, the last, and one of the middle ones
+    for each layer count they have."""
+    sizes = [len(r) for r in stage_layers(layers, pp)]
+    stages = [0]
+    seen = set()
+    for s in range(1, pp - 1):
+        if sizes[s] not in seen:
+            seen.add(sizes[s])
+            stages.append(s)
+    if pp > 1:
+        stages.append(pp - 1)
+    return stages
+
+
+def _simulate(model, layout, stages):
+    import os
+
+    from .simulate import simulate_rank
+
+    return simulate_rank(model, layout, stages[int(os.environ["RANK"])])
+
+
+@dataclass(frozen=True)
+class LaidOut:
+    """One `RankReport` per distinct rank (``ranks``), with the model and layout."""
+
+    model: object
+    layout: Layout
+    ranks: tuple
+
+    def __getitem__(self, stage: int) -> RankReport:
+        for r in self.ranks:
+            if r.stage == stage:
+                return r
+        raise KeyError(f"stage {stage} was not simulated; these were: "
+                       f"{[r.stage for r in self.ranks]}")  # fmt: skip
+
+    def text(self) -> str:
+        head = [f"{self.model.name} on {self.layout.text()}"]
+        cols = [f"stage {r.stage}" + (f" (of {self.layout.pp})" if r.stage == 0 else "")
+                for r in self.ranks]  # fmt: skip
+        rows = [("layers", [f"{r.layers[0]}-{r.layers[-1]}" for r in self.ranks]),
+                ("parameters held", [f"{r.numel:,}" for r in self.ranks])]  # fmt: skip
+        for label, attr in (("params GB", "params"), ("grads GB", "grads"),
+                            ("Adam state GB", "optimizer")):  # fmt: skip
+            rows.append((label, [f"{getattr(r, attr) / GB:.2f}" for r in self.ranks]))
+        rows.append(("activations GB", [f"{r.activations / GB:.2f} x {r.in_flight}"
+                                        for r in self.ranks]))  # fmt: skip
+        rows.append(("peak GB", [f"{r.peak / GB:.2f}" for r in self.ranks]))
+        rows.append(("TFLOP per microbatch", [f"{r.flops / 1e12:.1f}" for r in self.ranks]))
+        for dim, kind in sorted({key for r in self.ranks for key in r.comm()}):
+            cells = []
+            for r in self.ranks:
+                calls, nbytes = r.comm().get((dim, kind), (0, 0))
+                cells.append(f"{calls} x, {nbytes / GB:.2f} GB")
+            rows.append((f"{kind} over {dim}", cells))
+        width = max(len(label) for label, _ in rows)
+        colw = [max(len(c), *(len(v[i]) for _, v in rows)) for i, c in enumerate(cols)]
+        header = "  ".join(c.rjust(w) for c, w in zip(cols, colw, strict=True))
+        lines = head + [" " * width + "  " + header]
+        for label, values in rows:
+            lines.append(label.ljust(width) + "  " + "  ".join(
+                v.rjust(w) for v, w in zip(values, colw, strict=True)))  # fmt: skip
+        return "\n".join(lines)
+
+    __repr__ = __str__ = text
+
+
+def lay_out(model, layout: Layout, stages=None, *, timeout: float = 120.0) -> LaidOut:
+    """Simulate the ranks of ``layout`` that differ (`distinct_stages`), each in its own process,
+    side by side.
+
+    Args:
+        model: a preset's name ("Llama-3 70B") or a `calculators.Transformer`.
+        layout: a `Layout`.
+        stages: the pipeline stages to simulate (default: `distinct_stages`).
+        timeout: seconds the simulations may take.
+
+    Returns:
+        A `LaidOut`: ``print(laid)`` shows the table; ``laid[0]`` is stage 0's `RankReport`.
+
+    Raises:
+        CalculatorError (a ValueError): what `simulate.simulate_rank` refuses (a size that does not
+            divide the model, an unknown preset...), raised here before any process starts.
+        distlab.RankError: a simulation failed (its traceback says where).
+    """
+    from .. import launch
+    from .simulate import _check
+
+    config = get_model(model)
+    stages = distinct_stages(config.layers, layout.pp) if stages is None else list(stages)
+    for stage in stages:
+        _check(config, layout, stage)
+    reports = launch(_simulate, config, layout, stages, world_size=len(stages), backend=None,
+                     timeout=timeout, threads=1)  # fmt: skip
+    return LaidOut(config, layout, tuple(reports))

@@ -1,0 +1,135 @@
+"""A layout: how a model is spread over ranks, checked before anything is built.
+
+    Layout(dp=8, tp=8, pp=16, cp=1, seq_len=8192)    # Llama 3 405B's pre-training layout
+
+Sizes multiply to the world size: ``replicate x dp x cp x tp x pp``; the mesh's dimensions are,
+from outermost to innermost, ``pp``, ``replicate``, ``dp``, ``cp``, ``tp`` (tensor parallelism
+innermost: inside a node, on NVLink), as torchtitan orders them. Expert parallelism borrows
+``ep`` of the ``dp`` ranks (the ``dp`` dimension is then ``dp / ep`` x ``ep``).
+
+Knows nothing about models beyond their sizes: `plans` builds, `simulate` measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..calculators._text import CalculatorError, divisors, one_of
+from ..calculators.memory import CHECKPOINTING
+from ..calculators.models import stage_layers
+
+__all__ = ["CHECKPOINTING", "PRECISIONS", "Layout", "stage_layers"]
+
+PRECISIONS = ("bf16-mixed", "fp32")
+ZERO = {0: "DDP (replicated)", 3: "FSDP (ZeRO-3)"}
+
+
+def _positive(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CalculatorError(f"{name} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one training step is spread over ranks.
+
+    Args:
+        dp: data-parallel ranks that shard the model (FSDP; or replicate it, ``zero=0``).
+        replicate: HSDP: replicas of the dp-sharded model (across nodes); 1 for none.
+        tp: tensor-parallel ranks (Megatron's split of every layer, with sequence parallelism).
+        pp: pipeline stages (1F1B, ``microbatches`` per step).
+        cp: context-parallel ranks: each holds ``seq_len / cp`` tokens and all-gathers the
+            others' keys and values (Llama 3's context parallelism).
+        ep: expert-parallel ranks among the dp ranks (a mixture of experts only).
+        zero: 3 (FSDP) or 0 (DDP: every rank holds everything; gradients all-reduced).
+        reshard_after_forward: FSDP frees each unit's gathered parameters after its forward
+            (True: the last block and the output layer excepted, as torchtitan does) or keeps
+            them until backward (False: "ZeRO-2-like"); with pipelining always kept.
+        checkpointing: "none"; "selective" (Megatron's: recompute attention's core; with flash
+            attention that saves next to nothing); "op-selective" (torchtitan's kind: keep the
+            outputs of matmuls, attention and collectives, recompute the rest); "full" (keep
+            each layer's input only).
+        micro_batch, seq_len: sequences per microbatch and tokens per sequence.
+        microbatches: microbatches per step (pipeline); default ``pp``.
+        precision: "bf16-mixed" (FSDP2's MixedPrecisionPolicy: bf16 compute and all-gathers,
+            fp32 gradient reduction and fp32 weights and Adam state) or "fp32".
+        attention: "sdpa" (flash attention) or "written" (softmax of the scores kept).
+        sequence_parallel: with tp > 1, norms and residuals sharded by sequence too.
+        loss_parallel: with tp > 1, the logits stay sharded by vocabulary into the loss.
+
+    Raises:
+        CalculatorError (a ValueError): a size that is not a whole number >= 1; ``ep`` that does
+            not divide ``dp``; ``zero=1`` (FSDP2 has no ZeRO-1: use 2 or 3); an unknown choice.
+    """
+
+    dp: int = 1
+    replicate: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 3
+    reshard_after_forward: bool = True
+    checkpointing: str = "none"
+    micro_batch: int = 1
+    seq_len: int = 8192
+    microbatches: int | None = None
+    precision: str = "bf16-mixed"
+    attention: str = "sdpa"
+    sequence_parallel: bool = True
+    loss_parallel: bool = True
+
+    def __post_init__(self):
+        for name in ("dp", "replicate", "tp", "pp", "cp", "ep", "micro_batch", "seq_len"):
+            _positive(getattr(self, name), name)
+        if self.microbatches is not None:
+            _positive(self.microbatches, "microbatches")
+        if self.zero in (1, 2):
+            raise CalculatorError(
+                f"zero={self.zero}: FSDP2 has no ZeRO-{self.zero} (parameters whole on every "
+                "rank, the optimizer state sharded); lay out zero=3, with "
+                "reshard_after_forward=False for FSDP's ZeRO-2-like mode, or zero=0. The memory "
+                f"calculator models ZeRO-{self.zero}: calculators.memory_per_device(zero="
+                f"{self.zero})"
+            )
+        if self.zero not in ZERO or isinstance(self.zero, bool):
+            raise CalculatorError(f"zero must be one of {sorted(ZERO)}, got {self.zero!r}")
+        for name, options in (("checkpointing", CHECKPOINTING), ("precision", PRECISIONS),
+                              ("attention", ("sdpa", "written"))):  # fmt: skip
+            if getattr(self, name) not in options:
+                raise CalculatorError(f"{name} must be one of {one_of(options)}, got "
+                                      f"{getattr(self, name)!r}")  # fmt: skip
+        if self.dp % self.ep:
+            raise CalculatorError(f"ep={self.ep} must divide dp={self.dp}: expert parallelism "
+                                  f"borrows dp ranks; choose ep in {one_of(divisors(self.dp))}")
+        if self.seq_len % self.cp:
+            raise CalculatorError(f"seq_len={self.seq_len} does not split into cp={self.cp} "
+                                  "equal parts")  # fmt: skip
+
+    @property
+    def world_size(self) -> int:
+        return self.replicate * self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        """The mesh's dimensions, outermost first (``dp`` split into ``dp_mod_ep`` x ``ep``
+        when there is expert parallelism)."""
+        dims = {"pp": self.pp, "replicate": self.replicate}
+        if self.ep > 1:
+            dims |= {"dp_mod_ep": self.dp // self.ep, "ep": self.ep}
+        else:
+            dims["dp"] = self.dp
+        return dims | {"cp": self.cp, "tp": self.tp}
+
+    @property
+    def in_flight(self) -> int:
+        """Microbatches whose activations the first stage holds at once (1F1B: pp, or fewer
+        microbatches per step)."""
+        return min(self.pp, self.microbatches or self.pp)
+
+    def text(self) -> str:
+        dims = " x ".join(f"{k} {v}" for k, v in self.mesh_shape.items() if v > 1) or "1 rank"
+        return (f"{self.world_size} ranks: {dims}; {ZERO[self.zero]}; {self.precision}; "
+                f"{self.checkpointing} checkpointing; micro-batch {self.micro_batch} x "
+                f"{self.seq_len} tokens")
