@@ -96,11 +96,12 @@ test: setup
 # compared strictly too. `make test-spawn` runs all of them (about 12 minutes on 2 cores: every
 # rank imports torch anew). `make test` runs the ones that cover every spawn-path behaviour, so
 # that it stays under 20 minutes: launches and hangs with short timeouts (00, 02, 11), RPC (12),
-# DTensor and FSDP (14), debugging stuck ranks (18), a 4-rank cluster with DCP (24).
+# DTensor and FSDP (14), debugging stuck ranks (18), a 4-rank cluster with DCP (24), simulated
+# ranks in the kernel (25).
 SPAWN_CORE := $(addprefix notebooks/,00_launching_from_a_notebook.ipynb \
   02_point_to_point.ipynb 11_ddp_unused_parameters.ipynb 12_rpc_basics.ipynb \
   14_spmd_devicemesh_dtensor_fsdp.ipynb 18_debugging_distributed_jobs.ipynb \
-  24_capstone_2d_parallel.ipynb)
+  24_capstone_2d_parallel.ipynb 25_at_scale_on_a_laptop.ipynb)
 SPAWN_NOTEBOOKS ?= notebooks
 test-spawn: setup
 	DISTLAB_HOME="$(TEST_HOME)" DISTLAB_START_METHOD=spawn $(VPY) -m pytest \

@@ -84,7 +84,7 @@ def test_real_sizes_agree_part_by_part_and_the_peak_within_its_stated_bounds(rea
         assert (est.params, est.grads, est.optimizer) == (
             report.params, report.grads, report.optimizer), name
         assert abs(est.per_microbatch / report.activations - 1) < 1e-3, name
-        bound = 0.04 if report.layout.checkpointing == "none" else 0.12  # memory.peak's docstring
+        bound = 0.04 if report.layout.checkpointing == "none" else 0.13  # memory.peak's docstring
         assert abs(est.peak / report.peak - 1) < bound, (name, est.peak, report.peak)
 
 

@@ -26,7 +26,7 @@ from .charts import CollectiveChart, MemoryChart, ScheduleChart, StepCommChart
 from .comm import CollectiveTime, StepComm, collective_time, step_comm
 from .links import LINKS, Link, fit_path, load_fit, save_fit
 from .memory import MemoryEstimate, memory_per_device
-from .models import MLP, PRESETS, Params, Transformer
+from .models import MLP, PRESETS, Params, Transformer, stage_layers
 from .pipeline import Schedule, pipeline_schedule
 from .stepper import RingCollective, RingStep, StepChart, ring_steps
 
@@ -35,5 +35,5 @@ __all__ = [
     "Link", "MemoryChart", "MemoryEstimate", "Params", "RingCollective", "RingStep", "Schedule",
     "ScheduleChart", "StepChart", "StepComm", "StepCommChart", "Transformer", "collective_time",
     "fit_path", "load_fit", "memory_per_device", "pipeline_schedule", "ring_steps", "save_fit",
-    "step_comm",
+    "stage_layers", "step_comm",
 ]

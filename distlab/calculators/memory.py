@@ -127,9 +127,9 @@ class MemoryEstimate:
         alive at the same moment, and leaves out the gradients of activations in backward, the
         gradients not yet reduce-scattered, the logits' fp32 copy, the optimizer's temporaries
         (fused AdamW has none) and allocator fragmentation. Against PyTorch's own code on
-        simulated ranks (bench/calculator_vs_simulation.py) it is within 4% without
-        checkpointing and within 12% with it (context parallelism over 16 ranks: the gradients
-        of activations then matter); every other part is exact."""
+        simulated ranks (bench/calculator_vs_simulation.py, notebook 25) it is within 4% without
+        checkpointing and within 13% with it (below: the gradients of a recomputed layer's
+        activations, which it leaves out, then matter); every other part is exact."""
         return self.total + self.gathered + self.recomputed
 
     def fits(self, capacity: int = 80 * GB) -> bool:

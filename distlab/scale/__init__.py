@@ -11,7 +11,8 @@ activations and the peak off one step that computes nothing, FLOPs and collectiv
 from .compare import Comparison, against_calculator, calculator_for
 from .lay_out import LaidOut, distinct_stages, lay_out
 from .layout import Layout, stage_layers
-from .simulate import RankReport, simulate_rank
+from .simulate import RankReport, simulate_rank, simulated
 
 __all__ = ["Comparison", "LaidOut", "Layout", "RankReport", "against_calculator",
-           "calculator_for", "distinct_stages", "lay_out", "simulate_rank", "stage_layers"]
+           "calculator_for", "distinct_stages", "lay_out", "simulate_rank", "simulated",
+           "stage_layers"]

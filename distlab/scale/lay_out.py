@@ -7,9 +7,9 @@ its own, and what they hold and do, as one table.
 Ranks that differ are those of different pipeline stages (the first holds the embedding, the
 last the output layer and the loss, and their layer counts may differ); the data-, tensor-,
 context- and expert-parallel ranks of one stage hold and do the same (up to FSDP's padding of
-the last shard). One simulated rank per process: a fake process group and DTensor's caches are
-global to a process, so `lay_out` gives each rank a fresh one with `distlab.launch` (forked from
-the warm helper: tens of milliseconds).
+the last shard). They are simulated one after another in this process, or side by side in
+``processes`` processes of `distlab.launch` (on several cores, quicker; each a fresh helper
+process, which on the spawn path costs an interpreter's start).
 """
 
 from __future__ import annotations
@@ -39,12 +39,14 @@ def distinct_stages(layers: int, pp: int) -> list[int]:
     return stages
 
 
-def _simulate(model, layout, stages):
+def _simulate(model, layout, stages, processes):
+    """On rank r of a launch: every ``processes``-th stage, from r."""
     import os
 
     from .simulate import simulate_rank
 
-    return simulate_rank(model, layout, stages[int(os.environ["RANK"])])
+    rank = int(os.environ["RANK"])
+    return [simulate_rank(model, layout, stage) for stage in stages[rank::processes]]
 
 
 @dataclass(frozen=True)
@@ -93,31 +95,45 @@ class LaidOut:
     __repr__ = __str__ = text
 
 
-def lay_out(model, layout: Layout, stages=None, *, timeout: float = 120.0) -> LaidOut:
-    """Simulate the ranks of ``layout`` that differ (`distinct_stages`), each in its own process,
-    side by side.
+def lay_out(model, layout: Layout, stages=None, *, processes: int = 1,
+            timeout: float = 120.0) -> LaidOut:
+    """Simulate the ranks of ``layout`` that differ (`distinct_stages`) and lay them side by side.
 
     Args:
         model: a preset's name ("Llama-3 70B") or a `calculators.Transformer`.
         layout: a `Layout`.
         stages: the pipeline stages to simulate (default: `distinct_stages`).
-        timeout: seconds the simulations may take.
+        processes: 1 (default): one after another, in this process (which must not run a
+            process group of its own); more: side by side, in that many ranks of
+            `distlab.launch`, each simulating every ``processes``-th stage.
+        timeout: seconds the simulations may take when launched.
 
     Returns:
         A `LaidOut`: ``print(laid)`` shows the table; ``laid[0]`` is stage 0's `RankReport`.
 
     Raises:
         CalculatorError (a ValueError): what `simulate.simulate_rank` refuses (a size that does not
-            divide the model, an unknown preset...), raised here before any process starts.
-        distlab.RankError: a simulation failed (its traceback says where).
+            divide the model, an unknown preset...), raised before anything is simulated.
+        ValueError: ``processes`` not an int >= 1.
+        RuntimeError: ``processes=1`` in a process that runs a process group.
+        distlab.RankError: a launched simulation failed (its traceback says where).
     """
-    from .. import launch
-    from .simulate import _check
+    from .simulate import _check, simulate_rank
 
     config = get_model(model)
     stages = distinct_stages(config.layers, layout.pp) if stages is None else list(stages)
     for stage in stages:
         _check(config, layout, stage)
-    reports = launch(_simulate, config, layout, stages, world_size=len(stages), backend=None,
-                     timeout=timeout, threads=1)  # fmt: skip
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes must be an int >= 1, got {processes!r}")
+    processes = min(processes, len(stages))
+    if processes == 1:
+        reports = [simulate_rank(config, layout, stage) for stage in stages]
+    else:
+        from .. import launch
+
+        parts = launch(_simulate, config, layout, stages, processes, world_size=processes,
+                       backend=None, timeout=timeout, threads=1)  # fmt: skip
+        by_stage = {r.stage: r for part in parts for r in part}
+        reports = [by_stage[stage] for stage in stages]
     return LaidOut(config, layout, tuple(reports))

@@ -52,6 +52,11 @@ class Layout:
             each layer's input only).
         micro_batch, seq_len: sequences per microbatch and tokens per sequence.
         microbatches: microbatches per step (pipeline); default ``pp``.
+        accumulate: microbatches whose gradients add up before one optimizer step, without
+            pipelining (gradient accumulation); FSDP reduce-scatters once, after the last
+            (``set_requires_gradient_sync(False)`` before the others), unless
+            ``sync_each_microbatch``.
+        sync_each_microbatch: reduce-scatter after every accumulated microbatch.
         precision: "bf16-mixed" (FSDP2's MixedPrecisionPolicy: bf16 compute and all-gathers,
             fp32 gradient reduction and fp32 weights and Adam state) or "fp32".
         attention: "sdpa" (flash attention) or "written" (softmax of the scores kept).
@@ -75,14 +80,22 @@ class Layout:
     micro_batch: int = 1
     seq_len: int = 8192
     microbatches: int | None = None
+    accumulate: int = 1
+    sync_each_microbatch: bool = False
     precision: str = "bf16-mixed"
     attention: str = "sdpa"
     sequence_parallel: bool = True
     loss_parallel: bool = True
 
     def __post_init__(self):
-        for name in ("dp", "replicate", "tp", "pp", "cp", "ep", "micro_batch", "seq_len"):
+        for name in ("dp", "replicate", "tp", "pp", "cp", "ep", "micro_batch", "seq_len",
+                     "accumulate"):
             _positive(getattr(self, name), name)
+        if self.accumulate > 1 and self.pp > 1:
+            raise CalculatorError(
+                f"accumulate={self.accumulate} with pp={self.pp}: a pipeline's microbatches are "
+                "its accumulation already; give microbatches= instead"
+            )
         if self.microbatches is not None:
             _positive(self.microbatches, "microbatches")
         if self.zero in (1, 2):
@@ -130,6 +143,10 @@ class Layout:
 
     def text(self) -> str:
         dims = " x ".join(f"{k} {v}" for k, v in self.mesh_shape.items() if v > 1) or "1 rank"
+        accumulate = ""
+        if self.accumulate > 1:
+            sync = "each" if self.sync_each_microbatch else "the last"
+            accumulate = f" x {self.accumulate} accumulated (reduced after {sync})"
         return (f"{self.world_size} ranks: {dims}; {ZERO[self.zero]}; {self.precision}; "
                 f"{self.checkpointing} checkpointing; micro-batch {self.micro_batch} x "
-                f"{self.seq_len} tokens")
+                f"{self.seq_len} tokens{accumulate}")

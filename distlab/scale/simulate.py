@@ -43,9 +43,8 @@ from .plans import (
     apply_tensor_parallel,
 )
 
-__all__ = ["RankReport", "simulate_rank"]
+__all__ = ["RankReport", "simulate_rank", "simulated"]
 
-_simulated = False  # simulate_rank has run in this process
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,8 @@ class RankReport:
     ``optimizer_steps``, apart); ``activations``: bytes saved by one microbatch's forward, and
     ``in_flight`` microbatches held at once; ``peak``: the most bytes alive at once;
     ``flops``: forward and backward of one microbatch; ``tokens``: tokens this rank processes
-    per microbatch; ``collectives``: every call, in order."""
+    per microbatch; ``collectives``: every call of the step (all its accumulated microbatches),
+    in order."""
 
     model: object
     layout: Layout
@@ -211,10 +211,52 @@ def _state_bytes(model, optimizer) -> tuple[int, int, int, int, int]:
     return numel, p_bytes, g_bytes, opt, steps
 
 
+@contextlib.contextmanager
+def simulated(model, layout: Layout, stage: int = 0):
+    """This process as the first rank of pipeline ``stage`` of ``layout`` (a fake process group
+    of the layout's world size), with the stage's model built on the meta device and laid out
+    by PyTorch's parallel code: yields ``(stage_model, mesh)``. Its parameters are DTensors with
+    their real shapes and placements, and no memory (``to_empty`` under a ``FakeTensorMode``
+    gives them fake storage). On leaving, the fake process group is destroyed and DTensor's
+    caches are emptied (they hold meshes of the fake group, which the next simulation in this
+    process would otherwise be handed).
+
+    Raises: as `simulate_rank`.
+    """
+    config = get_model(model)
+    _check(config, layout, stage)
+    rank = _rank_of({"pp": stage}, layout.mesh_shape)
+    try:
+        with fake_world(rank, layout.world_size), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # FSDP's and DTensor's notes about fake/meta tensors
+            mesh = _mesh(layout)
+            stage_model, layers, dp_mesh = build_stage(config, layout, stage, mesh)
+            stage_model.layer_ids, stage_model.dp_mesh = layers, dp_mesh
+            yield stage_model, mesh
+    finally:
+        _forget_dtensor_caches()
+
+
+def _forget_dtensor_caches() -> None:
+    """Empty DTensor's caches of sharding decisions: keyed by mesh shapes, they would hand the
+    next fake process group the meshes (and group names) of the last one."""
+    import gc
+
+    from torch.distributed.tensor import DTensor, _redistribute
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ fast path's cache
+    gc.collect()
+
+
 def simulate_rank(model, layout: Layout, stage: int = 0) -> RankReport:
-    """Lay ``model`` out with ``layout`` and run one microbatch's step as the first rank of
-    pipeline ``stage`` (all other coordinates 0), under fake tensors. Once per process (use
-    `lay_out`, which starts one for each rank).
+    """Lay ``model`` out with ``layout`` and run one step as the first rank of pipeline ``stage``
+    (all other coordinates 0), under fake tensors, in this process (which must not be running a
+    process group of its own).
 
     Args:
         model: a preset's name ("Llama-3 405B") or a `calculators.Transformer`.
@@ -229,27 +271,14 @@ def simulate_rank(model, layout: Layout, stage: int = 0) -> RankReport:
             divide the heads, key-value heads, MLP or vocabulary; ``ep`` > 1 for a dense model
             or not dividing the experts; a ``stage`` outside the pipeline; ``seq_len`` not
             divisible by ``cp`` or, with sequence parallelism, by ``tp``.
-        RuntimeError: a process group already runs in this process, or a rank was simulated in
-            it already.
+        RuntimeError: a process group already runs in this process.
     """
-    global _simulated
     config = get_model(model)
-    _check(config, layout, stage)
-    if _simulated:
-        raise RuntimeError(
-            "one simulated rank per process: the fake process group and DTensor's caches of "
-            "the last one are still in this process. scale.lay_out gives each rank a process "
-            "of its own"
-        )
-    _simulated = True
-    dims = layout.mesh_shape
-    rank = _rank_of({"pp": stage}, dims)
-    with fake_world(rank, layout.world_size), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # FSDP's and DTensor's notes about fake/meta tensors
-        mesh = _mesh(layout)
-        stage_model, layers, dp_mesh = build_stage(config, layout, stage, mesh)
-        names = _group_names(mesh, dp_mesh)
-        return _step(config, layout, stage, rank, dims, names, stage_model, layers)
+    with simulated(config, layout, stage) as (stage_model, mesh):
+        rank = _rank_of({"pp": stage}, layout.mesh_shape)
+        names = _group_names(mesh, stage_model.dp_mesh)
+        return _step(config, layout, stage, rank, layout.mesh_shape, names, stage_model,
+                     stage_model.layer_ids)
 
 
 def _check(config, layout: Layout, stage: int) -> None:
@@ -293,13 +322,21 @@ def _step(config, layout, stage, rank, dims, names, model, layers) -> RankReport
         # The tracker innermost: it runs a DTensor op itself, and the counters must see the
         # local ops inside it (they pass DTensor ops on and count what DTensor runs).
         with tracker, flops, comms:
-            with _loss_parallel(parallel_loss):
-                out = model(x)
-                if last:
-                    targets = torch.randint(0, config.vocab, (b * s,))
-                    out = F.cross_entropy(out.flatten(0, 1).float(), targets)
-                activations = _activations(tracker, model)
-                out.backward(None if last else torch.empty_like(out))
+            for micro in range(layout.accumulate):  # gradient accumulation (data parallel)
+                tracker.reset_mod_stats()  # per-module stats of one forward; the peak stays
+                if layout.accumulate > 1 and layout.zero == 3:
+                    # FSDP2: reduce-scatter only after the last microbatch, unless told to
+                    # after every one (then each microbatch's gradients are sharded at once)
+                    model.set_requires_gradient_sync(
+                        layout.sync_each_microbatch or micro == layout.accumulate - 1)
+                with _loss_parallel(parallel_loss):
+                    out = model(x)
+                    if last:
+                        targets = torch.randint(0, config.vocab, (b * s,))
+                        out = F.cross_entropy(out.flatten(0, 1).float(), targets)
+                    if micro == 0:
+                        activations = _activations(tracker, model)
+                    out.backward(None if last else torch.empty_like(out))
             optimizer.step()
         peak = tracker.get_tracker_snapshot("peak")
         numel, p_bytes, g_bytes, opt, steps = _state_bytes(model, optimizer)
@@ -308,7 +345,7 @@ def _step(config, layout, stage, rank, dims, names, model, layers) -> RankReport
         model=config, layout=layout, rank=rank, coords=_coords_of(rank, dims), stage=stage,
         layers=layers, numel=numel, params=p_bytes, grads=g_bytes, optimizer=opt,
         optimizer_steps=steps, activations=activations, in_flight=_in_flight(layout, stage),
-        peak_one_microbatch=int(peak_bytes), flops=flops.total, tokens=b * s,
+        peak_one_microbatch=int(peak_bytes), flops=flops.total // layout.accumulate, tokens=b * s,
         collectives=tuple(comms.calls),
     )  # fmt: skip
 
