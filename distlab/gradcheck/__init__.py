@@ -17,11 +17,13 @@ On every rank, build the layout from the same seed, train a few steps, and recor
     report = gradcheck.compare(distlab.launch(train, world_size=2), gpt.reference_run(steps=3))
     print(report)   # ✓ equal to one process: 3 steps, ... | ✗ the first tensor that differs
 
-``recorder.py`` records on the ranks, ``compare.py`` walks the recordings against the reference
-in a fixed order (step; loss; gradients, parameters, optimizer state in parameter order) and
-stops at the first difference, ``hints.py`` reads the shape of that difference (2x: a forgotten
-division; the ranks average to the reference: a missing all-reduce; a shard's shape; permuted
-chunks).
+``recorder.py`` records on the ranks (the optimizer's class and settings too), ``compare.py``
+walks the recordings against the reference in a fixed order (step; loss; gradients, the
+optimizer's settings, parameters, optimizer state in parameter order) and stops at the first
+difference, ``optimizers.py`` says how far the gradients' rounding can move parameters and
+state through SGD, Adam or AdamW (Adam magnifies it), ``hints.py`` reads the shape of that
+difference (2x: a forgotten division; the ranks average to the reference: a missing
+all-reduce; a shard's shape; permuted chunks).
 """
 
 from .compare import Mismatch, Report, compare

@@ -19,16 +19,22 @@ _WHAT = {"loss": "the loss", "grads": "the gradient", "params": "the parameter",
          "state": "the optimizer state"}
 
 
-def close(got, ref, atol: float, rtol: float) -> bool:
-    """The gradcheck's test: same shape and ``max|got - ref| <= atol + rtol * max|ref|``, the
-    error measured against the tensor's own scale (its largest magnitude), not element by
-    element: a gradient whose entries are all tiny is still compared to its own size."""
+def close(got, ref, atol: float, rtol: float, allow=0.0) -> bool:
+    """The gradcheck's test: same shape and ``|got - ref| <= atol + rtol * max|ref| + allow``
+    for every element, the error measured against the tensor's own scale (its largest
+    magnitude), not element by element: a gradient whose entries are all tiny is still compared
+    to its own size. ``allow`` (0, or a tensor of ``ref``'s shape): what each element may
+    differ by besides, e.g. what the optimizer made of the gradients' rounding
+    (`distlab.gradcheck.optimizers.Drift`)."""
     if got.shape != ref.shape:
         return False
     if got.numel() == 0:
         return True
     got, ref = got.double(), ref.double()
-    return bool((got - ref).abs().max() <= atol + rtol * ref.abs().max())
+    bound = atol + rtol * ref.abs().max()
+    if isinstance(allow, torch.Tensor) or allow:
+        return bool(((got - ref).abs() <= bound + allow).all())
+    return bool((got - ref).abs().max() <= bound)
 
 
 _close = close
@@ -187,16 +193,21 @@ def _loss_agrees(error: float | None) -> str:
 
 
 def diagnose(kind: str, values: dict, ref, *, world: int, atol: float, rtol: float,
-             siblings: dict | None = None, loss_error: float | None = None) -> str:
+             siblings: dict | None = None, loss_error: float | None = None,
+             allow: dict | None = None, settings_agree: bool = False) -> str:
     """A one-sentence guess at why ``values`` (rank -> tensor, the ranks that recorded this
     tensor) differ from ``ref``. ``kind``: "loss", "grads", "params" or "state". ``world``: the
     number of ranks. ``siblings``: the reference's other tensors of this kind (name -> tensor),
     to recognise a tensor recorded under the wrong name. ``loss_error``: the largest relative
-    error of this step's loss (it passed), to say how closely the forward agreed."""
+    error of this step's loss (it passed), to say how closely the forward agreed. ``allow``:
+    rank -> what each element may differ by besides the tolerance (see `close`).
+    ``settings_agree``: the ranks' optimizer has one process's class and settings (both were
+    recorded), so the hint does not blame them."""
     what = _WHAT[kind]
     values = {r: v.double() for r, v in values.items()}
     ref = ref.double()
-    bad = [r for r, v in values.items() if not _close(v, ref, atol, rtol)]
+    allow = allow or {}
+    bad = [r for r, v in values.items() if not _close(v, ref, atol, rtol, allow.get(r, 0.0))]
     good = [r for r in values if r not in bad]
     first = values[bad[0]]
     if first.shape != ref.shape:
@@ -234,6 +245,20 @@ def diagnose(kind: str, values: dict, ref, *, world: int, atol: float, rtol: flo
             "state": "gradients and parameters agree but the optimizer state does not: other "
             "optimizer hyperparameters (betas, momentum), or state that was not gathered",
         }[kind]
+        if settings_agree and kind == "params":
+            hint = (
+                "the gradients agree to rounding and the optimizer has one process's settings, "
+                "but the update does not: parameters that were not the same on every rank "
+                "before the step (another seed, a shard taken from the wrong place), a "
+                "parameter changed outside the optimizer, or gradients changed between "
+                "optimizer.step() and record()"
+            )
+        elif settings_agree and kind == "state":
+            hint = (
+                "gradients and parameters agree, and the optimizer has one process's settings, "
+                "but its state does not: state that was not gathered (a shard recorded as the "
+                "whole: check Recorder(shards=...)), or state changed outside the optimizer"
+            )
     if good and len(values) > 1:
         differ = "differs" if len(bad) == 1 else "differ"
         agree = "agrees" if len(good) == 1 else "agree"

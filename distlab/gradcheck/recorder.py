@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .optimizers import settings
+
 __all__ = ["Recorder", "Step", "clean_name"]
 
 _WRAPPERS = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
@@ -33,12 +35,15 @@ class Step:
     ``loss``: a float (None where this rank has no loss, e.g. an early pipeline stage);
     ``grads``: name -> full gradient (None where the parameter had none); ``params``: name ->
     full parameter after the optimizer step; ``state``: ``"<name>.<key>"`` -> full optimizer
-    state tensor (``layers.0.attn.wq.weight.exp_avg``)."""
+    state tensor (``layers.0.attn.wq.weight.exp_avg``); ``optimizer``: name -> the optimizer's
+    class and settings for that parameter (``{"kind": "AdamW", "lr": 0.01, "betas": (0.9,
+    0.95), ...}``), for the parameters the optimizer holds."""
 
     loss: float | None
     grads: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)
     state: dict = field(default_factory=dict)
+    optimizer: dict = field(default_factory=dict)
 
 
 def clean_name(name: str, layer_offset: int = 0) -> str:
@@ -162,7 +167,10 @@ class Recorder:
             model: the module this rank trains (DDP, ``fully_shard``-ed, tensor-parallel, a
                 pipeline stage's ``submod``), or a list of them (a rank with several stages;
                 then ``layer_offset`` of the recorder may be a list, one per module).
-            optimizer: its optimizer, or None to record no optimizer state.
+            optimizer: its optimizer, or None to record no optimizer state. Its class and
+                settings (lr, betas, eps, weight_decay, momentum...) are recorded too: `compare`
+                names settings that differ from one process's, and knows how much SGD, Adam and
+                AdamW let rounding in the gradients move the parameters.
 
         Returns:
             The `Step` recorded.
@@ -259,3 +267,4 @@ class Recorder:
             for key, value in optimizer.state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
                     record.state[f"{name}.{key}"] = self._full(value, name, p)
+        record.optimizer = settings(optimizer, names)
