@@ -135,8 +135,9 @@ class Attention(nn.Module):
             p = self.attn_drop.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
-            # An additive mask (0 or -inf): adding a constant keeps nothing for backward.
-            mask = torch.full((s, s), float("-inf"), device=x.device).triu(1)
+            # An additive mask (0 or -inf): adding a constant keeps nothing for backward. In
+            # the scores' dtype: a float32 mask would promote bf16 scores to float32.
+            mask = torch.full((s, s), float("-inf"), device=x.device, dtype=q.dtype).triu(1)
             scores = q @ k.transpose(-2, -1) * self.head_dim**-0.5 + mask
             out = self.attn_drop(scores.softmax(dim=-1)) @ v
         out = out.transpose(1, 2).reshape(b, s, -1)  # the heads side by side again

@@ -54,6 +54,19 @@ def test_measured_bytes_equal_the_prediction_module_by_module(config, batch_size
 
 
 @quick
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("sdpa", [True, False], ids=["sdpa", "written-out"])
+def test_the_prediction_holds_in_every_dtype(sdpa, dtype):
+    # Issue #33's shape: in bf16 the fused kernel keeps its log-sum-exp in fp32, 4 bytes a
+    # value where the prediction counted 2 (400 bytes short per block here).
+    config = gpt.Config(vocab=50, dim=40, n_heads=5, seq_len=20, sdpa=sdpa)
+    measured = _measure(gpt.GPT(config).to(dtype), config, batch_size=2)
+    predicted = activations.predict(config, 2, dtype=dtype)
+    assert measured.modules == predicted.modules, activations.side_by_side(measured, predicted)
+    assert measured.params == predicted.params
+
+
+@quick
 def test_the_prediction_is_the_papers_formula_after_the_stated_changes():
     # Korthikanti et al. 2022: sbh(34 + 5as/h) bytes per layer, 2-byte values, 1-byte masks.
     # Without dropout three masks go (sbh + sbh + as^2b, 1 byte each) and so does the dropout's

@@ -79,6 +79,22 @@ def test_fused_attention_computes_what_the_written_out_one_does():
     torch.testing.assert_close(fused, written, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("sdpa", [False, True], ids=["written-out", "sdpa"])
+def test_the_model_runs_in_bf16_and_computes_what_fp32_does(sdpa):
+    # gpt.GPT(config).to(torch.bfloat16): the written-out attention's causal mask takes the
+    # scores' dtype (a float32 mask made the scores float32: "expected m1 and m2 to have the
+    # same dtype" at probs @ V).
+    config = gpt.Config(sdpa=sdpa)
+    tokens, targets = gpt.batch(0, 4, config)
+    fp32 = gpt.GPT(config)(tokens)
+    model = gpt.GPT(config).to(torch.bfloat16)
+    logits = model(tokens)
+    assert logits.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.float(), fp32, rtol=0.05, atol=0.02)
+    gpt.loss(logits, targets).backward()
+    assert all(p.grad.dtype == torch.bfloat16 for p in model.parameters())
+
+
 def test_attention_is_causal():
     model = gpt.GPT()
     tokens, _ = gpt.batch(0, 2)

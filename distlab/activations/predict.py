@@ -26,7 +26,8 @@ def predict(config=None, batch_size: int = 8, seq_len: int | None = None, *,
     Args:
         config: a `distlab.gpt.Config` (default ``Config()``).
         batch_size: b. seq_len: s (default ``config.seq_len``).
-        dtype: the dtype the model runs in (its element size is used).
+        dtype: the dtype the model runs in (its element size is used; with ``sdpa=True`` the
+            fused kernel keeps its log-sum-exp in float32 for bf16 and fp16 values).
         checkpoint: True when every block runs under ``torch.utils.checkpoint`` (any flavour,
             or ``checkpoint_wrapper``): a block then keeps only its input (sbh values).
         tp: the tensor-parallel size of ``gpt.tp_plan()``: what one rank keeps. Attention's and
@@ -101,7 +102,10 @@ def predict(config=None, batch_size: int = 8, seq_len: int | None = None, *,
             add(f"{p}.attn", "q, k, v: views of wq/wk/wv's outputs (3sbh)", 3 * sbh, True)
             add(f"{p}.attn", "attention output, also wo's input: joining the heads is a view "
                 "(sbh)", sbh, True)
-            add(f"{p}.attn", "log-sum-exp per query (asb)", a * s * b, True)
+            # The fused kernel keeps its log-sum-exp in the accumulation type: float32 for
+            # bf16 and fp16 values, the values' own for float32 and float64.
+            add(f"{p}.attn", "log-sum-exp per query, at least fp32 (asb)", a * s * b, True,
+                size=max(e, 4))
         else:
             add(f"{p}.attn", "Q and K, copied to (b*a, s, h/a) for QK^T (2sbh)", 2 * sbh, True)
             add(f"{p}.attn", "softmax output, also probs@V's input unless dropped out (as^2b)",
