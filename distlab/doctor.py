@@ -182,9 +182,35 @@ def check_gpus() -> Check:
                  required=False)
 
 
+def check_fork_safety() -> Check:
+    """Which start path ranks take, and under macOS's rules the canary's verdict."""
+    from ._ranks import forksafety, forkserver, starter
+
+    method = starter.default_method()
+    reason = forksafety.unsafe_reason()
+    if reason is not None:
+        return Check(False, f"ranks spawn (fresh interpreters, slower): forking was found "
+                            f"unsafe here: {reason}", "report this, with the line above",
+                     required=False)  # fmt: skip
+    if method != "forkserver":
+        return Check(True, f"start path: {_PATHS.get(method, method)}")
+    if not forksafety.macos_rules():
+        return Check(True, f"start path: {_PATHS['forkserver']} (Linux)")
+    server = forkserver.get()
+    try:
+        server.wait_ready(120)
+    except forksafety.ForkUnsafe as e:
+        forksafety.mark_unsafe(str(e))
+        return Check(False, f"ranks spawn (fresh interpreters, slower): the fork canary failed: "
+                            f"{e}", "report this, with the line above", required=False)
+    return Check(True, f"start path: {_PATHS['forkserver']}, under macOS's rules (a helper that "
+                       f"never had a thread); canary passed: {server.canary.detail}")
+
+
 def run() -> int:
     checks = [check_python(), check_torch(), check_gloo(), check_cores()]
     if all(c.ok for c in checks[:3]):
+        checks.append(check_fork_safety())
         checks.extend(check_launch())
     checks += [
         check_package("jupyterlab", "JupyterLab"),

@@ -69,9 +69,9 @@ def launch(
             interleave; the default prints each rank's block after the run, deterministically).
         fold: show lines that every rank printed alike once, as ``[ranks 0-3] ...``, before
             what differs rank by rank (``False``: every rank's full block, ``[rank N]`` lines).
-        start_method: ``"forkserver"`` (Linux default: ranks are forked from a helper process
-            that has torch imported, in milliseconds) or ``"spawn"`` (a fresh interpreter per
-            rank; macOS default).
+        start_method: ``"forkserver"`` (the default: ranks are forked from a helper process
+            that has torch imported, in milliseconds; on macOS only while that is proven safe,
+            see README "On a Mac") or ``"spawn"`` (a fresh interpreter per rank; the fallback).
         env: extra environment variables for the ranks.
         start_timeout: seconds the ranks may take to start and meet (default 60: generous, for
             a busy machine and the spawn path, where every rank imports torch itself).

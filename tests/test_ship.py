@@ -223,3 +223,18 @@ def test_a_notebook_cell_shows_the_learners_lines_in_tracebacks_and_stacks(pickl
     cell_file = res.stdout.rsplit("cell file ", 1)[1].strip()
     assert "ipykernel" in cell_file  # IPython's name for the cell, as in a notebook
     _check(res.stdout, version, cell_file, str(tmp_path / "learner_mod.py"))
+
+
+def test_a_function_that_uses_a_module_subclass_travels(tmp_path):
+    # torch.backends.mps is a module of a module subclass: plain cloudpickle refuses any
+    # function that uses it ("cannot pickle 'GenericModule' object")
+    import torch
+
+    from distlab._ranks import ship
+
+    def uses_backends():
+        return torch.backends.mps.is_built(), torch.backends.cpu.get_cpu_capability() != ""
+
+    back = ship.loads(ship.pickle(uses_backends))
+    assert back() == uses_backends()
+    assert ship.loads(ship.pickle(torch.backends.mps)) is torch.backends.mps

@@ -19,7 +19,22 @@ import sys
 import threading
 
 from ..errors import StartError
-from .protocol import Exited, Failed, Fork, Forked, RankSpec, Ready, Settled, recv, send
+from . import forksafety
+from .forksafety import ForkUnsafe
+from .protocol import (
+    Canary,
+    CanaryDone,
+    Exited,
+    Failed,
+    Fork,
+    Forked,
+    RankSpec,
+    Ready,
+    Settled,
+    Unsafe,
+    recv,
+    send,
+)
 from .starter import BOOT, Starter, forkserver_supported, interpreter_env
 
 
@@ -29,12 +44,16 @@ class ForkServer(Starter):
     method = "forkserver"
 
     def __init__(self, env: dict[str, str] | None = None):
+        self.strict = forksafety.macos_rules()  # check before forking; prove it with a canary
+        env = interpreter_env() if env is None else env
+        if self.strict:
+            env = forksafety.helper_env(env)
         self._sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         code = f"from distlab._ranks.forkserver_main import serve; serve({child_sock.fileno()})"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", BOOT.format(code=code)],
             pass_fds=[child_sock.fileno()],
-            env=interpreter_env() if env is None else env,
+            env=env,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
@@ -43,14 +62,20 @@ class ForkServer(Starter):
         self._forked: dict[int, int] = {}
         self._exited: dict[int, int] = {}
         self._ready = False
+        self._canary_asked = False
         self._settled = False
         self._error: str | None = None
         self._closed = False
         self._token = 0
+        self._unsafe: dict[int, str] = {}  # token -> why the server would not fork
+        self.canary: CanaryDone | None = None  # under macOS's rules, once it has run
         self._send_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read_loop, name="distlab-forkserver",
                                         daemon=True)
         self._reader.start()
+        if self.strict:  # the server runs it as soon as it is ready, before any rank
+            self._canary_asked = True
+            send(self._sock, Canary())
 
     def _read_loop(self) -> None:
         while True:
@@ -71,6 +96,10 @@ class ForkServer(Starter):
                     self._forked[msg.token] = msg.pid
                 elif isinstance(msg, Exited):
                     self._exited[msg.pid] = msg.status
+                elif isinstance(msg, Unsafe):
+                    self._unsafe[msg.token] = msg.reason
+                elif isinstance(msg, CanaryDone):
+                    self.canary = msg
                 self._cond.notify_all()
         with self._cond:
             self._closed = True
@@ -81,9 +110,15 @@ class ForkServer(Starter):
         return not self._closed and self._error is None and self.proc.poll() is None
 
     def wait_ready(self, timeout: float = 120.0) -> None:
+        """Wait until the server has imported torch (and, under macOS's rules, its canary has
+        passed). Raises `ForkUnsafe` if the canary failed, `StartError` if the server did."""
         with self._cond:
             self._cond.wait_for(lambda: self._ready or self._error or self._closed, timeout)
-            if self._ready:
+            if self._ready and self.strict:
+                self._cond.wait_for(lambda: self.canary is not None or self._closed, timeout)
+                if self.canary is not None and not self.canary.ok:
+                    raise ForkUnsafe(self.canary.detail)
+            if self._ready and not self._closed:
                 return
             if self._error or self._closed:
                 raise StartError(
@@ -118,10 +153,16 @@ class ForkServer(Starter):
                 send(self._sock, Fork(self._token, spec), fds)
 
         def started() -> bool:
-            return all(t in self._forked for t in tokens)
+            return all(t in self._forked or t in self._unsafe for t in tokens)
 
         with self._cond:
             self._cond.wait_for(lambda: started() or self._closed, timeout)
+            refused = [self._unsafe.pop(t) for t in tokens if t in self._unsafe]
+            if refused:
+                for t in tokens:  # the ranks it did fork: not ours to keep
+                    if t in self._forked:
+                        os.kill(self._forked.pop(t), 9)
+                raise ForkUnsafe(refused[0])
             if not started():
                 raise StartError(
                     "distlab's helper process exited while starting a rank"

@@ -20,9 +20,24 @@ import select
 import signal
 import socket
 import sys
+import threading  # importing it starts no thread; a test hook starts one (forksafety)
+import time
 import traceback
 
-from .protocol import Exited, Failed, Fork, Forked, Ready, Settled, recv, send
+from . import forksafety
+from .protocol import (
+    Canary,
+    CanaryDone,
+    Exited,
+    Failed,
+    Fork,
+    Forked,
+    Ready,
+    Settled,
+    Unsafe,
+    recv,
+    send,
+)
 from .starter import PRELOAD  # imported before `Ready`, so every rank starts with them loaded
 
 #: Imported once the server has been idle for `_IDLE` seconds, one module at a time, until the
@@ -64,6 +79,8 @@ def serve(sock_fd: int) -> None:
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
+    if forksafety.strict() and os.environ.get(forksafety.ENV_TEST_THREAD) == "early":
+        _test_thread()
     try:
         send(sock, Ready(os.getpid()))
         _loop(sock, wake_r, wake_w)
@@ -101,9 +118,18 @@ def _loop(sock: socket.socket, wake_r: int, wake_w: int) -> None:
             msg, fds = recv(sock)
         except (EOFError, OSError):
             break  # the kernel is gone; ranks notice on their own pipes and exit too
+        if isinstance(msg, Canary):
+            send(sock, _run_canary(wake_r, wake_w))
+            continue
         if not isinstance(msg, Fork):
             for fd in fds:
                 os.close(fd)
+            continue
+        if forksafety.strict() and forksafety.threads() > 1:
+            for fd in fds:
+                os.close(fd)
+            send(sock, Unsafe(msg.token, f"the helper has {forksafety.threads()} threads "
+                                         "(it must never have had more than one)"))
             continue
         pid = os.fork()
         if pid == 0:
@@ -113,6 +139,68 @@ def _loop(sock: socket.socket, wake_r: int, wake_w: int) -> None:
         children.add(pid)
         send(sock, Forked(msg.token, pid))
         _reap(sock, children)
+
+
+def _test_thread() -> None:
+    """A test's doing (``DISTLAB_TEST_HELPER_THREAD``): a helper that is no longer alone."""
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+
+
+def _run_canary(wake_r: int, wake_w: int) -> CanaryDone:
+    """Fork a child that does what ranks do (`forksafety.canary`); judge its exit and stderr."""
+    try:
+        return _canary_verdict(wake_r, wake_w)
+    finally:
+        if os.environ.get(forksafety.ENV_TEST_THREAD) == "late":
+            _test_thread()
+
+
+def _canary_verdict(wake_r: int, wake_w: int) -> CanaryDone:
+    if forksafety.threads() > 1:
+        return CanaryDone(False, f"the helper has {forksafety.threads()} threads before forking")
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.close(wake_r)
+            os.close(wake_w)
+            os.close(err_r)
+            os.dup2(err_w, 2)
+            code = forksafety.canary()
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(err_w)
+    chunks, deadline = [], time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if select.select([err_r], [], [], 0.1)[0]:
+            chunk = os.read(err_r, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    os.close(err_r)
+    status = None
+    while time.monotonic() < deadline and status is None:
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        status = os.waitstatus_to_exitcode(raw) if done else None
+        if status is None:
+            time.sleep(0.01)
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    err = b"".join(chunks).decode("utf-8", "replace")
+    marker = forksafety.marker_in(err)
+    if status != 0 or marker:
+        why = marker or (err.strip().splitlines() or ["no message"])[-1]
+        how = "did not finish in 60 s" if status is None else f"exited with {status}"
+        return CanaryDone(False, f"a forked test process {how}: {why}")
+    return CanaryDone(True, "a forked child ran a matmul, a NumPy dot, a loopback lookup and a "
+                            "one-rank gloo group cleanly")
 
 
 def _become_rank(sock, wake_r: int, wake_w: int, fds: list[int], msg: Fork) -> None:

@@ -29,7 +29,7 @@ from ..errors import (
     exit_text,
     order_failures,
 )
-from . import loopback, protocol, ship, starter
+from . import forksafety, loopback, protocol, ship, starter
 from .proc import RankProcess
 from .protocol import Began, Exit, RankSpec, Reply, Run, Started
 
@@ -87,6 +87,7 @@ class RankGroup:
         self._next_id = 0
         self._lines = ship.LineShipper()
         self.starter = starter.get(start_method)
+        self.strict_fork = self.starter.method == "forkserver" and forksafety.macos_rules()
         base_env = {
             "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(world_size),
@@ -96,7 +97,12 @@ class RankGroup:
             "MKL_NUM_THREADS": str(self.threads),
             **(env or {}),
         }
-        self.procs = self._start(base_env, pg_timeout)  # all of them, or an error and none
+        try:
+            self.procs = self._start(base_env, pg_timeout)  # all of them, or an error and none
+        except forksafety.ForkUnsafe as e:  # macOS's rules: the spawn path takes over, for good
+            forksafety.mark_unsafe(str(e))
+            self.starter, self.strict_fork = starter.get("spawn"), False
+            self.procs = self._start(base_env, pg_timeout)
 
     def _start(self, base_env: dict[str, str], pg_timeout: float) -> list[RankProcess]:
         """Create every rank's channels, then ask for all the processes at once."""
@@ -297,6 +303,11 @@ class RankGroup:
         task.outputs[proc.rank] = bytes(proc.buf)
         lines = _output.tidy(_output.decode(bytes(proc.buf))).rstrip("\n").splitlines()
         tail = "\n".join(lines[-20:])
+        marker = forksafety.marker_in(tail) if self.strict_fork else None
+        if marker and proc.exitcode is not None and proc.exitcode < 0:
+            # killed by a signal inside a system framework, after a fork: never fork again here
+            forksafety.mark_unsafe(f"rank {proc.rank} died of a fork in a system framework "
+                                   f"({marker})")
         self._fail(
             task,
             RankFailure(

@@ -178,6 +178,25 @@ class Exited:
     status: int  #: as os.waitpid returns it
 
 
+@dataclass(frozen=True)
+class Unsafe:
+    """The server did not fork for ``token``: under macOS's rules it was not safe (``reason``)."""
+
+    token: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Canary:
+    """Kernel -> server: fork a child that proves forking is safe (`forksafety.canary`)."""
+
+
+@dataclass(frozen=True)
+class CanaryDone:
+    ok: bool
+    detail: str  #: what failed (exit status, Apple's message), or what passed
+
+
 _MAX_MSG = 1 << 20
 _MAX_FDS = 8
 

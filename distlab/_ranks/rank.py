@@ -259,6 +259,11 @@ class _Rank:
         import torch
         import torch.distributed as dist
 
+        from . import forksafety
+
+        if forksafety.strict():  # forked under macOS's rules: Metal would crash here
+            forksafety.guard_mps()
+
         # What a %%ranks cell can use without importing anything.
         vars(sys.modules["__main__"]).update(
             torch=torch, dist=dist, rank=self.spec.rank, world_size=self.spec.world_size

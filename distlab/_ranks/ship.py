@@ -15,9 +15,11 @@ forked or spawned from ``sys.executable``), so marshal's version-specific format
 
 from __future__ import annotations
 
+import importlib
 import io
 import linecache
 import marshal
+import sys
 import types
 
 import cloudpickle
@@ -26,11 +28,16 @@ from ..errors import ShipError
 
 
 class _Pickler(cloudpickle.Pickler):
-    """cloudpickle, except that code objects are marshalled as they are."""
+    """cloudpickle, except that code objects are marshalled as they are, and that an imported
+    module of a module subclass (``torch.backends.mps`` is one) travels by name: cloudpickle
+    knows only plain modules, and refused any function that used ``torch.backends.mps``."""
 
     def reducer_override(self, obj):
         if type(obj) is types.CodeType:
             return marshal.loads, (marshal.dumps(obj),)
+        if (isinstance(obj, types.ModuleType) and type(obj) is not types.ModuleType
+                and sys.modules.get(obj.__name__) is obj):  # fmt: skip
+            return importlib.import_module, (obj.__name__,)
         return super().reducer_override(obj)
 
 

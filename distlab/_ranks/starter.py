@@ -71,18 +71,23 @@ class Starter(ABC):
 
 
 def forkserver_supported() -> bool:
-    """Forking a process that has torch loaded is safe on Linux only (macOS's system libraries
-    do not survive a fork of a process that has used them)."""
-    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+    """Ranks can fork from the helper on Linux, and on macOS under its rules (see
+    `forksafety`: a helper that never had a thread, never computed, proven by a canary)."""
+    return (sys.platform.startswith("linux") or sys.platform == "darwin") and hasattr(
+        socket, "send_fds")
 
 
 def default_method() -> str:
     """The start path when none is named: ``$DISTLAB_START_METHOD`` if set, else the fork
-    server where it is supported, else spawn."""
+    server where it is supported and has not been found unsafe in this kernel, else spawn."""
+    from . import forksafety
+
     chosen = os.environ.get(ENV_VAR, "").strip()
     if chosen:
         return chosen
-    return "forkserver" if forkserver_supported() else "spawn"
+    if forkserver_supported() and forksafety.unsafe_reason() is None:
+        return "forkserver"
+    return "spawn"
 
 
 def interpreter_env() -> dict[str, str]:
@@ -110,8 +115,12 @@ BOOT = (
 
 
 def get(method: str) -> Starter:
-    """The starter for ``method`` (already checked by `distlab._config.check_start_method`)."""
-    if method == "forkserver":
+    """The starter for ``method`` (already checked by `distlab._config.check_start_method`).
+    Once forking has been found unsafe in this kernel (`forksafety`), "forkserver" gets the
+    spawn starter: a cluster made before the switch restarts on the spawn path too."""
+    from . import forksafety
+
+    if method == "forkserver" and forksafety.unsafe_reason() is None:
         from . import forkserver
 
         return forkserver.get()
