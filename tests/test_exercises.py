@@ -6,6 +6,7 @@ import os
 import re
 
 import pytest
+import torch.distributed as dist
 
 import distlab
 from distlab.exercises import NOT_ATTEMPTED, PASSED, check
@@ -133,3 +134,105 @@ def test_a_hang_is_a_verdict_naming_where_each_rank_waits(capsys):
     verdict = capsys.readouterr().out.splitlines()[-1]
     assert verdict.startswith("Exercise 6: ✗ not yet: your answer hangs: rank 0 at line ")
     assert "in lonely (dist.all_reduce(torch.ones(1))) still waited after 2 s" in verdict
+
+
+def test_a_half_written_answer_is_not_finished_not_unattempted(capsys):
+    def scaled_step(loss, scale):  # the first half written, the overflow branch not yet
+        total = loss * scale
+        if total > 100:
+            raise NotImplementedError
+        return total
+
+    def test(answer):
+        answer(10.0, 20.0)
+
+    assert check("Exercise 2", test, scaled_step) is False
+    verdict = capsys.readouterr().out.strip()
+    assert verdict.startswith("Exercise 2: ✗ not yet: your answer reached a `raise "
+                              "NotImplementedError` (line "), verdict
+    assert "in scaled_step): it is not finished yet" in verdict
+
+    def skeleton(loss, scale):
+        # the exercise's skeleton: nothing written yet
+        raise NotImplementedError
+
+    assert check("Exercise 2", test, skeleton) is False
+    assert capsys.readouterr().out.startswith(f"Exercise 2: {NOT_ATTEMPTED}.")
+
+
+def test_a_not_implemented_error_from_torch_is_an_error_not_a_skeleton(capsys):
+    from torch import nn
+
+    class Sharded(nn.Module):  # forgot to define forward: torch raises NotImplementedError
+        pass
+
+    def answer():
+        return Sharded()(1.0)
+
+    assert check("Exercise 3", lambda a: a(), answer) is False
+    out, err = capsys.readouterr()
+    assert out.startswith("Exercise 3: ✗ not yet: your code raised NotImplementedError: "), out
+    assert 'missing the required "forward" function' in out and "Traceback" in err
+
+
+def test_on_the_ranks_a_half_written_answer_is_not_finished_too(capsys):
+    from distlab.exercises import expect
+
+    def exchange(rows):
+        rank, world = dist.get_rank(), dist.get_world_size()  # noqa: F841
+        if rows > 1:  # half written
+            return rows * world
+        raise NotImplementedError
+
+    def skeleton(rows):  # as the notebooks write it, with `dist` from an earlier cell
+        rank, world = dist.get_rank(), dist.get_world_size()  # noqa: F841
+        raise NotImplementedError
+
+    def test(answer):
+        expect.run(answer, 1, world_size=2)
+
+    assert check("Exercise 2", test, exchange) is False
+    verdict = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "your answer reached a `raise NotImplementedError` (line " in verdict, verdict
+    assert "in exchange): it is not finished yet" in verdict
+    assert check("Exercise 2", test, skeleton) is False
+    assert f"Exercise 2: {NOT_ATTEMPTED}" in capsys.readouterr().out
+
+
+def test_what_an_answer_changed_for_later_cells_is_put_back_here_and_on_the_ranks(capsys):
+    import torch
+
+    from distlab import gpt
+    from distlab.exercises import expect
+
+    forward = gpt.Attention.forward
+
+    def answer():  # two changes that broke every later cell until a restart
+        import torch
+
+        from distlab import gpt
+
+        torch.set_default_dtype(torch.float64)
+        gpt.Attention.forward = lambda self, x: x
+        return torch.get_default_dtype()
+
+    def test(answer):
+        assert answer() == torch.float64
+        on_ranks = expect.run(answer, world_size=2)
+        assert on_ranks == [torch.float64] * 2
+        after = distlab.launch(_state_on_a_rank, world_size=2)
+        return after
+
+    assert check("Exercise 1", test, answer) is True
+    assert torch.get_default_dtype() == torch.float32 and gpt.Attention.forward is forward
+    with distlab.Cluster(world_size=2) as cluster:
+        expect.run(answer, cluster=cluster)
+        assert cluster.run(_state_on_a_rank) == [("torch.float32", True)] * 2
+
+
+def _state_on_a_rank():
+    import torch
+
+    from distlab import gpt
+
+    return str(torch.get_default_dtype()), gpt.Attention.forward.__module__ == "distlab.gpt"

@@ -56,24 +56,43 @@ def check(label: str, test: Callable[..., object], *args, **kwargs) -> bool:
     What is printed, always ending in one line ``<label>: ...``:
 
     - ``not attempted yet`` while the skeleton's ``raise NotImplementedError`` is there (also
-      when it runs on the ranks);
+      when it runs on the ranks); an answer partly written that still reaches a ``raise
+      NotImplementedError`` is told it is not finished, with the line; one that torch raised
+      is an error like any other;
     - ``✗ not yet: <what>`` for a wrong answer; for an answer that raised, its traceback (or
       the ranks' error report) comes first; for an answer that hangs, where each rank waits;
     - ``✓ correct``.
+
+    Whatever the answer changed of the state later cells share (the default dtype, a method
+    patched on a class, a function of ``torch.distributed`` replaced: `expect.restored`) is put
+    back after the check, here and, through `expect.run`, on the ranks.
     """
     if not callable(test):
         raise TypeError(f"check() needs a test function to call, got {test!r}")
     from ..errors import ClusterBroken, RankError, RankTimeout
+    from .expect import restored
 
+    answers = [a for a in (*args, *kwargs.values()) if _is_answer(a)]
     try:
-        test(*args, **kwargs)
+        with restored():  # an answer that set the default dtype or patched a class
+            test(*args, **kwargs)
     except NotImplementedError as e:
-        return _not_attempted(label, str(e))
+        unfinished = _unfinished(e, answers)
+        if unfinished is None:
+            return _not_attempted(label, str(e))
+        if unfinished:
+            return _wrong(label, unfinished)
+        traceback.print_exception(type(e), e, _without_distlab(e.__traceback__))
+        return _wrong(label, f"your code raised NotImplementedError: {e} (traceback above)")
     except AssertionError as e:
         return _wrong(label, str(e) or "a check failed")
     except RankError as e:
         if _not_written_on_ranks(e):
-            return _not_attempted(label, e.primary.message)
+            unfinished = _unfinished_on_ranks(e, answers)
+            if unfinished is None:
+                return _not_attempted(label, e.primary.message)
+            if unfinished:
+                return _wrong(label, unfinished)
         print(str(e), file=sys.stderr)
         head = e.primary.headline().splitlines()[0].rstrip()  # C++ messages span lines
         return _wrong(label, f"your code failed on the ranks ({head}; the report is above)")
@@ -92,6 +111,78 @@ def check(label: str, test: Callable[..., object], *args, **kwargs) -> bool:
         )
     print(f"{label}: {PASSED}")
     return True
+
+
+#: The names a skeleton's body may use: ``raise NotImplementedError``, and on the ranks
+#: ``rank, world = dist.get_rank(), dist.get_world_size()`` before it.
+_SKELETON = frozenset({"NotImplementedError", "dist", "get_rank", "get_world_size"})
+
+
+def _is_answer(value) -> bool:
+    """A function the learner wrote (not distlab's, not a library's): its code comes from a
+    notebook cell or a file of theirs."""
+    code = getattr(value, "__code__", None)
+    return code is not None and _learners(code.co_filename)
+
+
+def _learners(filename: str) -> bool:
+    return not (os.path.abspath(filename).startswith(_DISTLAB) or _is_library(filename))
+
+
+def _skeleton(fn) -> bool:
+    """Whether ``fn`` is still the exercise's skeleton: it uses no name and keeps no variable
+    but the skeleton's, branches nowhere and defines nothing inside. (A written answer does one
+    of these.)"""
+    import dis
+
+    code = fn.__code__
+    own = set(code.co_varnames[code.co_argcount + code.co_kwonlyargcount:])
+    nested = any(hasattr(c, "co_code") for c in code.co_consts)
+    branches = any("JUMP" in i.opname or i.opname == "FOR_ITER" for i in dis.get_instructions(code))
+    return (set(code.co_names) <= _SKELETON and own <= {"rank", "world", "world_size"}
+            and not nested and not branches)  # fmt: skip
+
+
+def _unfinished_text(name: str, line) -> str:
+    where = f" (line {line} in {name})" if line else f" (in {name})"
+    return (
+        f"your answer reached a `raise NotImplementedError`{where}: it is not finished yet. "
+        "Replace that line with the rest of your answer"
+    )
+
+
+def _unfinished(error, answers):
+    """A NotImplementedError in the kernel: None when it is the skeleton's (not attempted);
+    a verdict when an answer that is partly written raised it itself; "" when the learner's
+    code did not raise it (torch did: a real error, shown with its traceback)."""
+    tb, innermost = error.__traceback__, None
+    while tb is not None:
+        innermost = tb
+        tb = tb.tb_next
+    code = innermost.tb_frame.f_code if innermost is not None else None
+    if code is None or not _learners(code.co_filename):
+        return ""  # raised inside torch or distlab, not by a `raise` the learner wrote
+    fn = next((a for a in answers if a.__code__ is code), None)
+    if fn is None or _skeleton(fn):
+        return None
+    return _unfinished_text(code.co_name, innermost.tb_lineno)
+
+
+def _unfinished_on_ranks(error, answers):
+    """The same for a skeleton's NotImplementedError that a rank raised: the failure's last
+    frame names the function; None (not attempted) unless that answer is partly written."""
+    import re
+
+    frames = re.findall(r'File "([^"]*)", line (\d+), in (\w+)', error.primary.traceback)
+    if not frames:
+        return None
+    filename, line, name = frames[-1]
+    if filename.startswith(("<site-packages>", "<stdlib>", "<frozen")) or not _learners(filename):
+        return ""  # torch raised it: a real error, reported as any other
+    fn = next((a for a in answers if a.__name__ == name), None)
+    if fn is None or _skeleton(fn):
+        return None
+    return _unfinished_text(name, line)
 
 
 def _not_attempted(label: str, message: str) -> bool:

@@ -184,15 +184,102 @@ def not_written(fn, *args) -> None:
         pass
 
 
+#: What an answer may change for every later cell, and `restored` puts back: classes whose
+#: methods a learner patches (``type(attn).forward = ...``) and modules whose functions a
+#: learner replaces (``dist.all_reduce = ...``), as ``(module, attribute)``; a class or module
+#: that is not imported is skipped.
+_CLASSES = (("distlab.gpt", "GPT"), ("distlab.gpt", "Block"), ("distlab.gpt", "Attention"),
+            ("distlab.gpt", "MLP"), ("torch.nn", "Module"), ("torch.nn", "Linear"),
+            ("torch.nn", "Embedding"), ("torch.nn", "LayerNorm"), ("torch.nn", "GELU"),
+            ("torch.nn", "Dropout"), ("torch", "Tensor"))  # fmt: skip
+_MODULES = ("torch", "torch.nn.functional", "torch.distributed",
+            "torch.distributed.distributed_c10d")  # fmt: skip
+
+
+class restored:
+    """A context manager: what the code inside changed of the state every later cell shares is
+    put back when it ends (also when it raises): torch's default dtype, whether gradients are
+    on, its number of threads, the methods of the tiny GPT's and torch's module classes, and
+    the functions of ``torch``, ``torch.nn.functional`` and ``torch.distributed``. Attributes a
+    module gained (torch imports submodules lazily), and torch's own changes (it wraps some of
+    its functions on import), are left. ``changed`` lists what had to be put back ("the default
+    dtype", "Attention.forward"...)."""
+
+    def __enter__(self):
+        import sys
+
+        import torch
+
+        from .. import gpt  # noqa: F401 -- its classes are guarded even if the answer imports it
+
+        self.changed: list[str] = []
+        self._dtype, self._grad = torch.get_default_dtype(), torch.is_grad_enabled()
+        self._threads = torch.get_num_threads()
+        self._classes = []
+        for module, name in _CLASSES:
+            cls = getattr(sys.modules.get(module), name, None)
+            if isinstance(cls, type):
+                self._classes.append((cls, dict(vars(cls))))
+        self._modules = [(m, dict(vars(sys.modules[m]))) for m in _MODULES if m in sys.modules]
+        return self
+
+    def __exit__(self, *exc):
+        import sys
+
+        import torch
+
+        if torch.get_default_dtype() != self._dtype:
+            torch.set_default_dtype(self._dtype)
+            self.changed.append("the default dtype")
+        if torch.is_grad_enabled() != self._grad:
+            torch.set_grad_enabled(self._grad)
+            self.changed.append("whether gradients are on")
+        if torch.get_num_threads() != self._threads:
+            torch.set_num_threads(self._threads)
+        for owner, before, put in (
+            *((cls, b, type.__setattr__) for cls, b in self._classes),
+            *((sys.modules[m], b, setattr) for m, b in self._modules),
+        ):
+            now = vars(owner)
+            for key, value in before.items():
+                if key in now and not _patched(now[key], value):
+                    continue
+                put(owner, key, value)
+                self.changed.append(f"{getattr(owner, '__qualname__', owner.__name__)}.{key}")
+            if isinstance(owner, type):
+                for key in [k for k in now if k not in before and _patched(now[k], None)]:
+                    delattr(owner, key)
+                    self.changed.append(f"{owner.__qualname__}.{key}")
+        return False
+
+
+def _patched(now, before) -> bool:
+    """Whether an attribute's value ``now`` is a learner's replacement of ``before``: another
+    callable, not torch's own (torch wraps some of its functions when a submodule is imported,
+    and its counters change: those are left alone)."""
+    if now is before or not callable(now):
+        return False
+    return not str(getattr(now, "__module__", "") or "").startswith("torch")
+
+
+
+def restoring(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` inside `restored`: what `run` runs on every rank, so that an
+    answer that changed a rank's shared state does not break the next cell there."""
+    with restored():
+        return fn(*args, **kwargs)
+
+
 def run(fn, *args, world_size: int = 2, cluster=None, timeout: float = HANG, **kwargs) -> list:
     """``fn(*args, **kwargs)`` on ``world_size`` new ranks (or the live ranks of ``cluster``),
-    called a hang after ``timeout`` seconds: one value per rank. Raises what `distlab.launch`
-    raises (`distlab.check` turns each into a verdict)."""
+    called a hang after ``timeout`` seconds: one value per rank. What the call changed of a
+    rank's shared state (the default dtype, patched classes: `restored`) is put back after it.
+    Raises what `distlab.launch` raises (`distlab.check` turns each into a verdict)."""
     if cluster is not None:
-        return cluster.run(fn, *args, timeout=timeout, _record=False, **kwargs)
+        return cluster.run(restoring, fn, *args, timeout=timeout, _record=False, **kwargs)
     from ..launcher import launch
 
-    return launch(fn, *args, world_size=world_size, timeout=timeout, **kwargs)
+    return launch(restoring, fn, *args, world_size=world_size, timeout=timeout, **kwargs)
 
 
 def collectives(fn, *args, world_size: int = 2, cluster=None, timeout: float = HANG, **kwargs):
@@ -202,7 +289,7 @@ def collectives(fn, *args, world_size: int = 2, cluster=None, timeout: float = H
     from ..timeline import metrics, record
 
     where = {"cluster": cluster} if cluster is not None else {"world_size": world_size}
-    tl = record(fn, *args, timeout=timeout, sync=False, **where, **kwargs)
+    tl = record(restoring, fn, *args, timeout=timeout, sync=False, **where, **kwargs)
     calls = [[e.name for e in metrics.calls(tl.events(r))] for r in range(tl.world_size)]
     return tl.results, calls
 
