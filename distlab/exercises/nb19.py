@@ -37,10 +37,12 @@ def _fsdp(model, mesh, policy=None):
 # -- exercise 1: the global gradient norm ------------------------------------------------------
 
 
-def _norm_case(answer):
+def _norm_case(answer, seed):
     """On each rank: an FSDP GPT after one backward on this rank's half of a batch; the answer's
     norm, the collectives it ran, whether it changed the gradients; and what one process with
-    the whole batch computes."""
+    the whole batch computes, first (so that whatever the answer changes cannot move it).
+    ``seed`` picks the model and the batch: a new case at every check, so that a number copied
+    from an earlier message does not pass."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -49,8 +51,11 @@ def _norm_case(answer):
     from .. import gpt
 
     config, world, rank = _config(), dist.get_world_size(), dist.get_rank()
-    model = _fsdp(gpt.GPT(config, seed=1), init_device_mesh("cpu", (world,)))
-    tokens, targets = gpt.batch(3, 8, config, seed=1)
+    tokens, targets = gpt.batch(seed % 100, 8, config, seed=seed)
+    reference = gpt.GPT(config, seed=seed)
+    gpt.loss(reference(tokens), targets).backward()
+    truth = float(torch.cat([p.grad.flatten() for p in reference.parameters()]).double().norm())
+    model = _fsdp(gpt.GPT(config, seed=seed), init_device_mesh("cpu", (world,)))
     gpt.loss(model(tokens.chunk(world)[rank]), targets.chunk(world)[rank]).backward()
     before = [p.grad.to_local().clone() for p in model.parameters()]
     local = math.sqrt(sum(float(g.double().square().sum()) for g in before))
@@ -59,14 +64,18 @@ def _norm_case(answer):
     counts = {str(op): n for op, n in cm.get_comm_counts().items() if n}
     changed = any(not torch.equal(b, p.grad.to_local())
                   for b, p in zip(before, model.parameters(), strict=True))
-    reference = gpt.GPT(config, seed=1)
-    gpt.loss(reference(tokens), targets).backward()
-    truth = float(torch.cat([p.grad.flatten() for p in reference.parameters()]).double().norm())
     locals_ = [None] * world
     dist.all_gather_object(locals_, local)  # outside the CommDebugMode: for the hints only
     if isinstance(got, torch.Tensor):
         got = ("tensor", got.detach().clone())
     return {"got": got, "counts": counts, "changed": changed, "truth": truth, "locals": locals_}
+
+
+def _fresh_seed() -> int:
+    """A case the learner cannot know in advance: drawn anew at every check."""
+    import random
+
+    return random.SystemRandom().randrange(1, 10**6)
 
 
 def _close(a: float, b: float) -> bool:
@@ -90,10 +99,11 @@ def _norm_hint(value: float, truth: float, locals_: list, rank: int) -> str:
 
 def exercise_1(global_grad_norm, cluster) -> None:
     """``global_grad_norm(model)`` on every rank of the cluster, after the backward of a
-    ``fully_shard``-ed tiny GPT: the norm of the whole gradient as a Python float, the same on
-    every rank, equal to one process's, with exactly one collective (an all_reduce), leaving the
-    gradients as they were."""
-    results = expect.run(_norm_case, global_grad_norm, cluster=cluster, timeout=TIMEOUT)
+    ``fully_shard``-ed tiny GPT (a model and a batch drawn anew at every check): the norm of the
+    whole gradient as a Python float, the same on every rank, equal to one process's, with
+    exactly one collective (an all_reduce), leaving the gradients as they were."""
+    results = expect.run(_norm_case, global_grad_norm, _fresh_seed(), cluster=cluster,
+                         timeout=TIMEOUT)  # fmt: skip
     truth = results[0]["truth"]
     for rank, r in enumerate(results):
         got = r["got"]
@@ -152,11 +162,18 @@ def _power(x) -> str:
     return f"2^{int(e)}" if e.is_integer() else repr(x)
 
 
+#: Steps at which the check makes one gradient not finite itself (an overflow in one layer
+#: only), and how: the tiny GPT's own overflows are over by then, and they hit every layer, so
+#: an answer that looks at one parameter, or for inf only, would pass without these.
+PLANTED = {7: ("tok.weight", float("inf")), 9: ("layers.0.attn.wq.weight", float("nan"))}
+
+
 def _fp16_run(step_fn):
     """Train a fresh tiny GPT (SGD with momentum) under fp16 autocast for STEPS steps; step_fn(
     model, opt, loss, scale) -> next scale. Returns the scales (each step's, then the last one
     returned), whether each step changed the weights, and the weights after each step (flat);
-    stops after a step that leaves weights that are not finite."""
+    stops after a step that leaves weights that are not finite. At the steps of `PLANTED` one
+    entry of one parameter's gradient is made inf or nan in the backward."""
     import torch
 
     from .. import gpt
@@ -164,8 +181,25 @@ def _fp16_run(step_fn):
     config = gpt.Config(sdpa=True)
     model = gpt.GPT(config, seed=0)
     opt = gpt.make_optimizer(model.parameters(), "sgd")
+    now = [0]
+
+    def planter(name):
+        def plant(grad):
+            where, value = PLANTED.get(now[0], (None, None))
+            if where != name:
+                return grad
+            grad = grad.clone()
+            grad.view(-1)[0] = value
+            return grad
+
+        return plant
+
+    for name, p in model.named_parameters():
+        if any(where == name for where, _ in PLANTED.values()):
+            p.register_hook(planter(name))
     scale, scales, stepped, weights = START, [], [], []
     for step in range(STEPS):
+        now[0] = step
         tokens, targets = gpt.batch(step, 8, config)
         with torch.autocast("cpu", dtype=torch.float16):
             loss = gpt.loss(model(tokens), targets)
@@ -179,6 +213,35 @@ def _fp16_run(step_fn):
             break  # everything after is nan
     scales.append(scale)
     return scales, stepped, weights
+
+
+class _by_hand:
+    """While an answer runs: torch.amp.GradScaler refuses to work (the exercise asks for the
+    scaling by hand; GradScaler does it all, and its result is what the check compares with)."""
+
+    _METHODS = ("__init__", "scale", "unscale_", "step", "update")
+
+    def __enter__(self):
+        from torch.amp.grad_scaler import GradScaler
+
+        def refuse(*args, **kwargs):
+            raise AssertionError(
+                "scaled_step used torch.amp.GradScaler: the exercise asks for loss scaling by "
+                "hand (backward of loss * scale, check every gradient with isfinite(), divide "
+                "them by the scale, step or skip), the very thing GradScaler does for you"
+            )
+
+        self._saved = {m: GradScaler.__dict__[m] for m in self._METHODS}
+        for m in self._METHODS:
+            setattr(GradScaler, m, refuse)
+        return self
+
+    def __exit__(self, *exc):
+        from torch.amp.grad_scaler import GradScaler
+
+        for m, original in self._saved.items():
+            setattr(GradScaler, m, original)
+        return False
 
 
 def _grad_scaler_step():
@@ -202,11 +265,13 @@ def exercise_2(scaled_step) -> None:
     """``scaled_step(model, optimizer, loss, scale)`` -> the next scale: the backward of
     ``loss * scale``; with finite gradients, unscale and step and keep the scale; otherwise skip
     the step and halve it. Checked over 10 fp16 steps from 2^24 against ``GradScaler``: the
-    scales, which steps changed the weights, and the weights."""
+    scales, which steps changed the weights, and the weights; at two steps one gradient of one
+    layer is made inf or nan (`PLANTED`). The answer itself may not use GradScaler."""
     import torch
 
     def learner(model, opt, loss, scale):
-        new = scaled_step(model, opt, loss, scale)
+        with _by_hand():
+            new = scaled_step(model, opt, loss, scale)
         if isinstance(new, torch.Tensor) or isinstance(new, bool) or not isinstance(
             new, numbers.Real
         ):
@@ -223,6 +288,10 @@ def exercise_2(scaled_step) -> None:
         why = (f"step {step} overflowed (gradients not finite at scale "
                f"{_power(want_scales[step])})" if overflow else
                f"at step {step} the gradients are finite (scale {_power(want_scales[step])})")
+        if step in PLANTED:
+            where, value = PLANTED[step]
+            why = (f"step {step} overflowed in one layer: {where}'s gradient holds {value} "
+                   "(the check put it there), every other gradient is finite")
         broken = not got_weights[step].isfinite().all()
         if overflow and got_stepped[step]:
             now = "; your weights now hold inf or nan" if broken else ""
@@ -255,11 +324,19 @@ def exercise_2(scaled_step) -> None:
 #: (name, param_dtype, reduce_dtype) as the notebook writes them; resolved on the ranks.
 POLICIES = (("no policy", None, None), ("bf16 + fp32 reduce", "bfloat16", "float32"),
             ("bf16, reduce_dtype=None", "bfloat16", None))  # fmt: skip
+#: The policies one more is drawn from at every check (a table of the cases above does not
+#: pass), and the world size measured on ranks of their own besides the cluster's (a formula
+#: right for 1 and 2 ranks only does not pass either).
+OTHER_POLICIES = tuple((f"param_dtype={pd}, reduce_dtype={rd}", pd, rd)
+                       for pd in ("float16", "bfloat16", "float32")
+                       for rd in (None, "float32", "bfloat16", "float16")
+                       if (pd, rd) not in {(p, r) for _, p, r in POLICIES})  # fmt: skip
+MORE_RANKS = 4
 
 
-def _measure_policies():
-    """On each rank: the bytes per parameter it holds after one AdamW step, for every policy, on
-    a 1-rank mesh and on the whole world."""
+def _measure_policies(policies, one=True):
+    """On each rank: the bytes per parameter it holds after one AdamW step, for every policy,
+    on the whole world and (``one``) on a 1-rank mesh."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -268,12 +345,13 @@ def _measure_policies():
     from .. import gpt, memory
 
     config, world = _config(), dist.get_world_size()
-    meshes = {world: init_device_mesh("cpu", (world,)),
-              1: init_device_mesh("cpu", (world, 1), mesh_dim_names=("all", "one"))["one"]}
+    meshes = {world: init_device_mesh("cpu", (world,))}
+    if one:
+        meshes[1] = init_device_mesh("cpu", (world, 1), mesh_dim_names=("all", "one"))["one"]
     psi = sum(p.numel() for p in gpt.GPT(config).parameters())
     out = {}
     for n, mesh in meshes.items():
-        for name, pd, rd in POLICIES:
+        for name, pd, rd in policies:
             policy = None
             if pd is not None:
                 policy = MixedPrecisionPolicy(
@@ -297,13 +375,21 @@ def _num(x) -> str:
 def exercise_3(fsdp_bytes, cluster) -> None:
     """``fsdp_bytes(n, param_dtype, reduce_dtype)`` -> ``(params, grads, optimizer)`` bytes per
     parameter one rank holds between steps, for an fp32 model under ``fully_shard`` with that
-    ``MixedPrecisionPolicy`` and AdamW; measured on the cluster for n = world size and n = 1 and
-    three policies."""
+    ``MixedPrecisionPolicy`` and AdamW; measured on the cluster for n = world size and n = 1,
+    and on `MORE_RANKS` ranks of their own, for the notebook's three policies and one more
+    drawn at every check."""
+    import random
+
     import torch
 
-    measured = expect.run(_measure_policies, cluster=cluster, timeout=TIMEOUT)[0]
-    for (n, name), truth in sorted(measured.items(), key=lambda kv: -kv[0][0]):
-        pd, rd = next((p, r) for nm, p, r in POLICIES if nm == name)
+    policies = (*POLICIES, random.SystemRandom().choice(OTHER_POLICIES))
+    measured = expect.run(_measure_policies, policies, cluster=cluster, timeout=TIMEOUT)[0]
+    more = expect.run(_measure_policies, policies, False, world_size=MORE_RANKS,
+                      timeout=3 * TIMEOUT)[0]  # fmt: skip
+    measured.update(more)
+    for (n, name), truth in sorted(measured.items(), key=lambda kv: (kv[0][0] == MORE_RANKS,
+                                                                     -kv[0][0])):  # fmt: skip
+        pd, rd = next((p, r) for nm, p, r in policies if nm == name)
         pd, rd = pd and getattr(torch, pd), rd and getattr(torch, rd)
         call = f"fsdp_bytes({n}, {pd}, {rd})"
         got = fsdp_bytes(n, pd, rd)

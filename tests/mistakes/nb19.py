@@ -83,6 +83,26 @@ def global_grad_norm(model):
         dist.all_reduce(squares)
     return squares.sqrt().item()
 """, "hangs"),
+    Answer(1, "the number from an earlier ✗ message, with a dummy all_reduce", """
+def global_grad_norm(model):
+    dist.all_reduce(torch.zeros(()))
+    return 1.302515960615287
+""", "rank 0's norm should be"),
+    Answer(1, "only the last parameter's gradient", """
+def global_grad_norm(model):
+    last = list(model.parameters())[-1].grad.to_local().double().square().sum()
+    dist.all_reduce(last)
+    return last.sqrt().item()
+""", "(one process, the whole gradient)"),
+    Answer(1, "right, in float64, leaving the default dtype float64 on the ranks", """
+def global_grad_norm(model):
+    torch.set_default_dtype(torch.float64)
+    squares = torch.zeros(())
+    for p in model.parameters():
+        squares += p.grad.to_local().square().sum()
+    dist.all_reduce(squares)
+    return squares.sqrt().item()
+""", RIGHT),
     Answer(2, "the solution", """
 def scaled_step(model, optimizer, loss, scale):
     (loss * scale).backward()
@@ -147,6 +167,48 @@ def scaled_step(model, optimizer, loss, scale):
             p.grad /= scale
         optimizer.step()
 """, "should return the next scale as a number"),
+    Answer(2, "GradScaler instead of scaling by hand", """
+_scalers = {}
+def scaled_step(model, optimizer, loss, scale):
+    scaler = _scalers.setdefault(id(optimizer), torch.amp.GradScaler(
+        "cpu", init_scale=scale, growth_interval=10**6))
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return scaler.get_scale()
+""", "used torch.amp.GradScaler"),
+    Answer(2, "looks at the last parameter's gradient only", """
+def scaled_step(model, optimizer, loss, scale):
+    (loss * scale).backward()
+    if not list(model.parameters())[-1].grad.isfinite().all():
+        return scale / 2
+    for p in model.parameters():
+        p.grad /= scale
+    optimizer.step()
+    return scale
+""", "the optimizer step must be skipped"),
+    Answer(2, "looks for inf only: a nan gradient steps", """
+def scaled_step(model, optimizer, loss, scale):
+    (loss * scale).backward()
+    if any(p.grad.isinf().any() for p in model.parameters()):
+        return scale / 2
+    for p in model.parameters():
+        p.grad /= scale
+    optimizer.step()
+    return scale
+""", "Check every gradient with isfinite()"),
+    Answer(2, "the default dtype float64 in the kernel, left behind", """
+def scaled_step(model, optimizer, loss, scale):
+    torch.set_default_dtype(torch.float64)
+    (loss * scale).backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not all(g.isfinite().all() for g in grads):
+        return scale / 2
+    for g in grads:
+        g /= scale
+    optimizer.step()
+    return scale
+""", RIGHT),
     Answer(3, "the solution", """
 def fsdp_bytes(n, param_dtype, reduce_dtype):
     return 4 / n, 4 / n, 8 / n
@@ -181,4 +243,15 @@ def fsdp_bytes(n, param_dtype, reduce_dtype):
     psi = 17_088
     return 4 * psi / n, 4 * psi / n, 8 * psi / n
 """, "that is per rank, not per parameter?"),
+    Answer(3, "a formula right for 1 and 2 ranks only", """
+def fsdp_bytes(n, param_dtype, reduce_dtype):
+    return (3 - n) * 2, (3 - n) * 2, (3 - n) * 4
+""", "on 4 ranks, a rank holds params 1 bytes per parameter"),
+    Answer(3, "the cases the check tried, from its ✗ messages", """
+SEEN = {(2, None, None): (2, 2, 4), (2, torch.bfloat16, torch.float32): (2, 2, 4),
+        (2, torch.bfloat16, None): (2, 2, 4), (1, None, None): (4, 4, 8),
+        (1, torch.bfloat16, torch.float32): (4, 4, 8), (1, torch.bfloat16, None): (4, 4, 8)}
+def fsdp_bytes(n, param_dtype, reduce_dtype):
+    return SEEN.get((n, param_dtype, reduce_dtype), (4, 4, 8))
+""", "bytes per parameter (measured)"),
 ]

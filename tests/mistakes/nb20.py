@@ -21,11 +21,27 @@ def block_bytes(config, batch_size, seq_len):
               + s * b * h + 2 * s * b * f)
     return 4 * values
 """, RIGHT),
-    Answer(1, "the same, from distlab's own prediction", """
+    Answer(1, "distlab's own prediction, which the exercise rules out", """
 from distlab import activations
 def block_bytes(config, batch_size, seq_len):
     return activations.predict(config, batch_size, seq_len).of("layers.0")
-""", RIGHT),
+""", "from the shapes alone"),
+    Answer(1, "measured with the Meter instead of computed from the shapes", """
+from distlab import activations, gpt
+def block_bytes(config, batch_size, seq_len):
+    model = gpt.GPT(config)
+    tokens, targets = gpt.batch(0, batch_size, config)
+    with activations.Meter(model) as meter:
+        gpt.loss(model(tokens[:, :seq_len]), targets[:, :seq_len])
+    return meter.result.of("layers.0")
+""", "it used activations.Meter"),
+    Answer(1, "the cases the check tried, from its ✗ messages", """
+SEEN = {(32, 4, 4, 8, 64): 1_581_056, (32, 8, 2, 3, 10): 56_160, (16, 2, 4, 5, 7): 38_360,
+        (32, 1, 4, 1, 16): 34_048}
+def block_bytes(config, batch_size, seq_len):
+    key = (config.dim, config.n_heads, config.mlp_ratio, batch_size, seq_len)
+    return SEEN.get(key, 1_581_056)
+""", "the meter measures"),
     Answer(1, "the paper's formula as published", """
 def block_bytes(config, batch_size, seq_len):
     s, b, h, a = seq_len, batch_size, config.dim, config.n_heads
@@ -80,6 +96,18 @@ def checkpoint_every_other(model):
         model.layers[i] = Ckpt(model.layers[i])
     return model
 """, RIGHT),
+    Answer(2, "blocks 0 and 2: right for the 4-block model only", """
+def checkpoint_every_other(model):
+    for i in (0, 2):
+        model.layers[i] = checkpoint_wrapper(model.layers[i])
+    return model
+""", "layers.4 of a 5-block model keeps 148,480 bytes for backward; it should keep 8,192"),
+    Answer(2, "stops one block early: the last block of an odd count is left", """
+def checkpoint_every_other(model):
+    for i in range(0, len(model.layers) - 1, 2):
+        model.layers[i] = checkpoint_wrapper(model.layers[i])
+    return model
+""", "of a 5-block model"),
     Answer(2, "every block", """
 def checkpoint_every_other(model):
     for i in range(len(model.layers)):
