@@ -44,12 +44,39 @@ print("second", how(distlab.launch(work, world_size=2, timeout=60)))
 """
 
 
-def _run(env: dict, first: str = "False") -> subprocess.CompletedProcess:
-    full = dict(os.environ, DISTLAB_AS_MACOS="1", **env)
-    full.pop("DISTLAB_START_METHOD", None)
-    code = textwrap.dedent(SCRIPT.format(objc=OBJC, first=first))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=240, env=full)  # fmt: skip
+#: Every scenario: (environment added, whether the first launch dies in a system framework,
+#: whether macOS's rules apply). They run side by side, each in a process of its own.
+SCENARIOS = {
+    "rules": ({}, "False", True),
+    "canary complains": ({"DISTLAB_TEST_CANARY_STDERR": OBJC}, "False", True),
+    "thread early": ({"DISTLAB_TEST_HELPER_THREAD": "early"}, "False", True),
+    "thread late": ({"DISTLAB_TEST_HELPER_THREAD": "late"}, "False", True),
+    "rank dies": ({}, "True", True),
+    "linux": ({"DISTLAB_TEST_CANARY_STDERR": OBJC}, "True", False),
+}
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, subprocess.CompletedProcess]:
+    started = {}
+    for name, (extra, first, macos) in SCENARIOS.items():
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("DISTLAB_START_METHOD", "DISTLAB_AS_MACOS")}  # fmt: skip
+        env.update(extra)
+        if macos:
+            env["DISTLAB_AS_MACOS"] = "1"
+        code = textwrap.dedent(SCRIPT.format(objc=OBJC, first=first))
+        started[name] = subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    done = {}
+    for name, proc in started.items():
+        out, err = proc.communicate(timeout=280)
+        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return done
+
+
+def _run(runs, name: str) -> subprocess.CompletedProcess:
+    out = runs[name]
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -59,52 +86,46 @@ def _switch_lines(stderr: str) -> list[str]:
             if line.startswith("distlab: ranks start as fresh interpreters")]  # fmt: skip
 
 
-def test_under_macos_rules_ranks_fork_after_a_canary():
-    out = _run({})
+def test_under_macos_rules_ranks_fork_after_a_canary(runs):
+    out = _run(runs, "rules")
     assert "first ['forked', 'forked']" in out.stdout
     assert "second ['forked', 'forked']" in out.stdout
     assert _switch_lines(out.stderr) == []
 
 
-def test_a_canary_that_meets_the_runtimes_complaint_switches_to_spawn_with_one_line():
-    out = _run({"DISTLAB_TEST_CANARY_STDERR": OBJC})
+def test_a_canary_that_meets_the_runtimes_complaint_switches_to_spawn_with_one_line(runs):
+    out = _run(runs, "canary complains")
     assert "first ['spawned', 'spawned']" in out.stdout
     assert "second ['spawned', 'spawned']" in out.stdout
     lines = _switch_lines(out.stderr)
     assert len(lines) == 1 and OBJC in lines[0] and "forked test process" in lines[0]
 
 
-def test_a_helper_that_had_a_thread_before_the_canary_is_never_forked_from():
-    out = _run({"DISTLAB_TEST_HELPER_THREAD": "early"})
+def test_a_helper_that_had_a_thread_before_the_canary_is_never_forked_from(runs):
+    out = _run(runs, "thread early")
     assert "first ['spawned', 'spawned']" in out.stdout
     (line,) = _switch_lines(out.stderr)
     assert "the helper has 2 threads before forking" in line
 
 
-def test_a_helper_that_gains_a_thread_later_refuses_to_fork_and_the_launch_spawns():
-    out = _run({"DISTLAB_TEST_HELPER_THREAD": "late"})
+def test_a_helper_that_gains_a_thread_later_refuses_to_fork_and_the_launch_spawns(runs):
+    out = _run(runs, "thread late")
     assert "first ['spawned', 'spawned']" in out.stdout  # refused at the fork itself
     (line,) = _switch_lines(out.stderr)
     assert "the helper has 2 threads (it must never have had more than one)" in line
 
 
-def test_a_rank_that_dies_in_a_system_framework_switches_the_next_launch_to_spawn():
-    out = _run({}, first="True")
+def test_a_rank_that_dies_in_a_system_framework_switches_the_next_launch_to_spawn(runs):
+    out = _run(runs, "rank dies")
     assert "first failed: rank 1 died: killed by signal SIGTRAP" in out.stdout
     assert "second ['spawned', 'spawned']" in out.stdout
     (line,) = _switch_lines(out.stderr)
     assert "rank 1 died of a fork in a system framework" in line and OBJC in line
 
 
-def test_on_linux_without_macos_rules_nothing_changes():
-    env = dict(os.environ, DISTLAB_TEST_CANARY_STDERR=OBJC)
-    env.pop("DISTLAB_AS_MACOS", None)
-    env.pop("DISTLAB_START_METHOD", None)
-    code = textwrap.dedent(SCRIPT.format(objc=OBJC, first="True"))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=240, env=env)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    # a crash is a crash: the next launch still forks, and no canary ran
+def test_on_linux_without_macos_rules_nothing_changes(runs):
+    out = _run(runs, "linux")
+    # a crash is a crash: the next launch still forks, and no canary ran to complain
     assert "second ['forked', 'forked']" in out.stdout
     assert _switch_lines(out.stderr) == []
 
