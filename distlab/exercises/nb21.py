@@ -12,6 +12,8 @@ exercises outside the notebook.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from . import expect
@@ -58,7 +60,7 @@ class G(torch.autograd.Function):
 
 def _train(model, recorder, loss_context=None, count=False):
     """STEPS AdamW steps of `model` on the whole batch (every TP rank sees all of it); returns
-    the recorder and, with ``count``, each step's collectives of block 0 per direction."""
+    the recorder and, with ``count``, each step's collectives of every block per direction."""
     import contextlib
 
     from torch.distributed.tensor.debug import CommDebugMode
@@ -77,9 +79,11 @@ def _train(model, recorder, loss_context=None, count=False):
             loss = gpt.loss(model(tokens), targets)
             loss.backward()
         if count:
-            ways = cm.comm_module_counts.get("GPT.layers.0", {})
-            counts.append({way: {str(op).split(".")[-1]: n for op, n in ops.items() if n}
-                           for way, ops in ways.items()})  # fmt: skip
+            counts.append([
+                {way: {str(op).split(".")[-1]: n for op, n in ops.items() if n}
+                 for way, ops in cm.comm_module_counts.get(f"GPT.layers.{i}", {}).items()}
+                for i in range(config.n_layers)
+            ])  # fmt: skip
         opt.step()
         recorder.record(step, loss, model, opt)
         opt.zero_grad()
@@ -93,6 +97,38 @@ def _failed(e: Exception) -> str:
 # -- exercise 1: attention split by heads, by hand ---------------------------------------------
 
 
+#: World sizes the answer is also called with, on fresh modules, besides the cluster's: its
+#: shares are compared with the weights' chunks (a split hard-coded for 2 ranks fails here).
+OTHER_WORLDS = (1, 4)
+
+
+def _shares(attn) -> dict:
+    return {name: tuple(p.shape) for name, p in attn.named_parameters()}
+
+
+def _other_worlds(answer) -> dict | None:
+    """Call the answer on fresh modules as rank r of each world in `OTHER_WORLDS` (no forward
+    runs); the first share that is not the weights' chunk, or None."""
+    import torch
+
+    from .. import gpt
+
+    whole = gpt.GPT(gpt.Config(), seed=0).layers[0].attn
+    for world in OTHER_WORLDS:
+        for rank in range(world):
+            attn = gpt.GPT(gpt.Config(), seed=0).layers[0].attn
+            out = answer(attn, rank, world)
+            out = out if isinstance(out, torch.nn.Module) else attn
+            for name, dim in (("wq", 0), ("wk", 0), ("wv", 0), ("wo", 1)):
+                want = getattr(whole, name).weight.detach().chunk(world, dim)[rank]
+                got = getattr(getattr(out, name, None), "weight", None)
+                if got is None or got.shape != want.shape or not torch.equal(got.detach(), want):
+                    shape = None if got is None else tuple(got.shape)
+                    return {"world": world, "rank": rank, "name": f"{name}.weight",
+                            "want": tuple(want.shape), "got": shape, "dim": dim}  # fmt: skip
+    return None
+
+
 def _sharded_attention_run(answer):
     import warnings
 
@@ -103,25 +139,32 @@ def _sharded_attention_run(answer):
 
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     rank, world = dist.get_rank(), dist.get_world_size()
+    before = dict(vars(gpt.Attention))
     model = gpt.GPT(gpt.Config(), seed=0)
     for layer in model.layers:
         out = answer(layer.attn, rank, world)
         if not isinstance(out, nn.Module):
             return {"returned": expect.describe(out)}
         layer.attn = out
-    shapes = {name: tuple(p.shape) for name, p in model.layers[0].attn.named_parameters()}
+    changed = sorted(k for k, v in vars(gpt.Attention).items() if before.get(k) is not v)
+    if changed:
+        return {"class": changed}
+    shapes = [_shares(layer.attn) for layer in model.layers]
+    other = _other_worlds(answer)
     try:
         recorder, _ = _train(model, gradcheck.Recorder(shards=ATTENTION_SHARDS))
     except RuntimeError as e:
-        return {"failed": _failed(e), "shapes": shapes}
-    return {"recorder": recorder, "shapes": shapes}
+        return {"failed": _failed(e), "shapes": shapes, "other": other}
+    return {"recorder": recorder, "shapes": shapes, "other": other}
 
 
 def exercise_1(shard_attention, cluster) -> None:
     """``shard_attention(attn, rank, world_size)`` turns a tiny-GPT ``Attention`` into this
     rank's heads (``wq``/``wk``/``wv`` rows, ``wo`` columns, contiguous blocks) with Megatron's
-    f before and g after, in place, and returns it. On the cluster every block gets it; three
-    AdamW steps must equal one process's (gradcheck, the shards gathered by dim)."""
+    f before and g after, in place (this module, not its class), and returns it. On the
+    cluster every block gets it and every block's shares are checked, as are the shares it
+    gives fresh modules for 1 and 4 ranks; three AdamW steps must equal one process's
+    (gradcheck, the shards gathered by dim)."""
     from .. import gpt, gradcheck
 
     results = expect.run(_sharded_attention_run, shard_attention, cluster=cluster,
@@ -136,14 +179,21 @@ def exercise_1(shard_attention, cluster) -> None:
                 f"shard_attention should return the attention module; on rank {rank} it "
                 f"returned {r['returned']}"
             )
-        shapes = r["shapes"]
-        for name, shape in want.items():
-            if shapes.get(name) != shape:
-                raise AssertionError(
-                    f"on rank {rank}, attn.{name} should hold this rank's share, shape {shape} "
-                    f"(wq, wk, wv: rows = output features = heads; wo: columns = its input "
-                    f"features); it has shape {shapes.get(name)}"
-                )
+        if "class" in r:
+            raise AssertionError(
+                f"shard_attention changed the class gpt.Attention ({', '.join(r['class'])}): "
+                "that changes every attention module of every model on the rank, the other "
+                "ranks' and later cells' too. Change this module only: attn.forward = "
+                "types.MethodType(forward, attn). (distlab put the class back.)"
+            )
+        for block, shapes in enumerate(r["shapes"]):
+            for name, shape in want.items():
+                if shapes.get(name) != shape:
+                    raise AssertionError(
+                        f"on rank {rank}, in block {block}, attn.{name} should hold this rank's "
+                        f"share, shape {shape} (wq, wk, wv: rows = output features = heads; wo: "
+                        f"columns = its input features); it has shape {shapes.get(name)}"
+                    )
         if "failed" in r:
             raise AssertionError(
                 f"the weights have the right shapes, but a training step failed on rank {rank}: "
@@ -153,6 +203,20 @@ def exercise_1(shard_attention, cluster) -> None:
                                gpt.reference_run(gpt.Config(), steps=STEPS))  # fmt: skip
     if not report.ok:
         raise AssertionError(f"not the one-process run: {report.mismatch.text()}")
+    for r in results:
+        other = r["other"]
+        if other is not None:
+            k, total = other["want"][other["dim"]], dim
+            lo = other["rank"] * k
+            part = "rows" if other["dim"] == 0 else "columns"
+            got = ("the wrong values" if other["got"] == other["want"] else
+                   f"shape {other['got']}")  # fmt: skip
+            raise AssertionError(
+                f"right on this 2-rank cluster, but called with rank {other['rank']} and "
+                f"world_size={other['world']}, attn.{other['name']} should hold {part} "
+                f"{lo}..{lo + k - 1} of {total}, shape {other['want']}; it holds {got}. Split "
+                "by the world_size and rank you are given: a model may have any number of ranks"
+            )
 
 
 # -- exercise 2: Megatron's count ----------------------------------------------------------------
@@ -199,8 +263,9 @@ def exercise_2(megatron_plan, cluster) -> None:
         )
     if "failed" in r:
         raise AssertionError(f"parallelizing and training with your plan failed: {r['failed']}")
-    for step, counted in enumerate(r["counts"]):
-        for way in ("forward", "backward"):
+    for step, blocks in enumerate(r["counts"]):
+        for (block, counted), way in itertools.product(enumerate(blocks),
+                                                       ("forward", "backward")):  # fmt: skip
             ops = counted.get(way, {})
             if ops != {"all_reduce": 2}:
                 extra = ""
@@ -213,8 +278,8 @@ def exercise_2(megatron_plan, cluster) -> None:
                 elif "all_gather_into_tensor" in ops or "reduce_scatter_tensor" in ops:
                     extra = ": that is sequence parallelism; the question asks for all-reduces"
                 raise AssertionError(
-                    f"each block should all-reduce twice in the {way} (Megatron's count); block 0 "
-                    f"ran {_text(ops)} at step {step}{extra}"
+                    f"each block should all-reduce twice in the {way} (Megatron's count); block "
+                    f"{block} ran {_text(ops)} at step {step}{extra}"
                 )
     report = gradcheck.compare([x["recorder"] for x in results],
                                gpt.reference_run(gpt.Config(), steps=STEPS))  # fmt: skip
@@ -231,6 +296,9 @@ def exercise_2(megatron_plan, cluster) -> None:
 #: must tell what grows with the layers from what does not (a number copied from the notebook's
 #: 2-layer model fits neither).
 CASES = ((1, False), (3, False), (1, True), (3, True))
+#: One more depth is drawn from these at every check (with and without SP): a table of the
+#: cases above, copied from earlier messages, does not pass.
+OTHER_DEPTHS = (2, 4, 5)
 NAMES = ("all_reduce", "all_gather", "reduce_scatter")
 _SHORT = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
 
@@ -320,14 +388,19 @@ def exercise_3(step_collectives, cluster) -> None:
     "backward": {name: count}}``: the collectives of one training step of the whole tiny GPT
     (``gpt.tp_plan(sequence_parallel)``, ``loss_parallel``) on 2 ranks, names ``all_reduce``,
     ``all_gather``, ``reduce_scatter``. Compared with ``CommDebugMode``'s counts on the cluster
-    for 1 and 3 layers, with and without sequence parallelism."""
-    answers = {case: step_collectives(*case) for case in CASES}  # the learner's formula first
+    for 1 and 3 layers and one more depth drawn at every check, with and without sequence
+    parallelism."""
+    import random
+
+    depth = random.SystemRandom().choice(OTHER_DEPTHS)
+    cases = (*CASES, (depth, False), (depth, True))
+    answers = {case: step_collectives(*case) for case in cases}  # the learner's formula first
     answers = {
         case: _as_counts(value, f"(n_layers={case[0]}, sequence_parallel={case[1]})")
         for case, value in answers.items()
     }
-    measured = expect.run(_count_run, CASES, cluster=cluster, timeout=TIMEOUT)[0]
-    for case in CASES:
+    measured = expect.run(_count_run, cases, cluster=cluster, timeout=TIMEOUT)[0]
+    for case in cases:
         n_layers, sp = case
         for way in ("forward", "backward"):
             got, want = answers[case][way], measured[case].get(way, {})

@@ -79,6 +79,39 @@ def shard_attention(attn, rank, world_size):
     attn.forward = types.MethodType(lambda self, x: G.apply(inner(self, F.apply(x))), attn)
     return attn
 """, "a wrong split of the heads hardly shows in the loss"),
+    Answer(1, "chunk(2, ...) hard-coded: right on a 2-rank cluster only", """
+import types
+def shard_attention(attn, rank, world_size):
+    for linear, dim in ((attn.wq, 0), (attn.wk, 0), (attn.wv, 0), (attn.wo, 1)):
+        linear.weight = nn.Parameter(linear.weight.detach().chunk(2, dim)[rank].clone())
+    inner = type(attn).forward
+    attn.forward = types.MethodType(lambda self, x: G.apply(inner(self, F.apply(x))), attn)
+    return attn
+""", "world_size=1, attn.wq.weight should hold rows 0..31 of 32, shape (32, 32); it holds "
+         "shape (16, 32)"),
+    Answer(1, "patches the class's forward (every Attention of every model, on every rank)", """
+def shard_attention(attn, rank, world_size):
+    for linear, dim in ((attn.wq, 0), (attn.wk, 0), (attn.wv, 0), (attn.wo, 1)):
+        linear.weight = nn.Parameter(linear.weight.detach().chunk(world_size, dim)[rank].clone())
+    cls = type(attn)
+    if "_unsharded" not in vars(cls):
+        cls._unsharded = cls.forward
+        cls.forward = lambda self, x: G.apply(cls._unsharded(self, F.apply(x)))
+    return attn
+""", "changed the class gpt.Attention"),
+    Answer(1, "splits the first block it gets, and leaves the others whole", """
+import types
+split = []
+def shard_attention(attn, rank, world_size):
+    if split:
+        return attn
+    split.append(attn)
+    for linear, dim in ((attn.wq, 0), (attn.wk, 0), (attn.wv, 0), (attn.wo, 1)):
+        linear.weight = nn.Parameter(linear.weight.detach().chunk(world_size, dim)[rank].clone())
+    inner = type(attn).forward
+    attn.forward = types.MethodType(lambda self, x: G.apply(inner(self, F.apply(x))), attn)
+    return attn
+""", "in block 1, attn.wq.weight should hold"),
     Answer(1, "forgets to return the module", _SPLIT + """
 def shard_attention(attn, rank, world_size):
     inner = split(attn, rank, world_size)
@@ -115,6 +148,15 @@ def megatron_plan():
         input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), use_local_output=True)
     return plan
 """, "still one all-reduce per projection"),
+    Answer(2, "the change for block 0 only", """
+def megatron_plan():
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+    plan = gpt.tp_plan()
+    plan["layers.0.attn"] = PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), use_local_output=False)
+    return plan
+""", "block 1 ran all_reduce x4 at step 0"),
     Answer(2, "sequence parallelism instead", """
 def megatron_plan():
     return gpt.tp_plan(sequence_parallel=True)
@@ -191,6 +233,18 @@ def step_collectives(n_layers, sequence_parallel):
                         "reduce_scatter_tensor": 2 * L + 2},
             "backward": {"all_gather_into_tensor": 2 * L + 2, "reduce_scatter_tensor": 2 * L + 1}}
 """, "use the names all_reduce, all_gather, reduce_scatter"),
+    Answer(3, "the cases the check tried, from its ✗ messages", """
+SEEN = {
+    (1, False): {"forward": {"all_reduce": 6}, "backward": {"all_reduce": 5}},
+    (3, False): {"forward": {"all_reduce": 10}, "backward": {"all_reduce": 13}},
+    (1, True): {"forward": {"all_gather": 3, "all_reduce": 3, "reduce_scatter": 4},
+                "backward": {"all_gather": 4, "reduce_scatter": 3}},
+    (3, True): {"forward": {"all_gather": 7, "all_reduce": 3, "reduce_scatter": 8},
+                "backward": {"all_gather": 8, "reduce_scatter": 7}},
+}
+def step_collectives(n_layers, sequence_parallel):
+    return SEEN.get((n_layers, sequence_parallel), SEEN[1, sequence_parallel])
+""", "CommDebugMode counts"),
     Answer(3, "a tuple (forward, backward)", """
 def step_collectives(n_layers, sequence_parallel):
     return ({"all_reduce": 2 * n_layers + 4}, {"all_reduce": 4 * n_layers + 1})

@@ -55,6 +55,16 @@ def causal_work(layout):
 def causal_work(layout):
     return [len(p) * (max(p) + 1) - len(p) * (len(p) - 1) // 2 for p in layout]
 """, "(zig-zag, 16 tokens on 4 ranks) should be [34, 34, 34, 34]; got [58, 50, 42, 34]"),
+    Answer(1, "the layouts the check tried, from its ✗ messages", """
+SEEN = {"[[0, 1, 2, 3], [4, 5, 6, 7]]": [10, 26],
+        "[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]": [10, 26, 42, 58],
+        "[[0, 1, 14, 15], [2, 3, 12, 13], [4, 5, 10, 11], [6, 7, 8, 9]]": [34, 34, 34, 34],
+        "[[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]": [22, 26, 30],
+        "[[9, 8, 6], [3, 1, 7, 4, 2], [5, 0]]": [26, 22, 7],
+        "[[0, 1, 2], [], [3]]": [6, 0, 4], "[[0, 1, 2, 3, 4]]": [15]}
+def causal_work(layout):
+    return SEEN.get(str(layout), [0] * len(layout))
+""", "(drawn at random) should be"),
     Answer(2, "the solution", """
 def start_pass(block):
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -83,6 +93,27 @@ def start_pass(block):
     ])
     return works, incoming
 """, "input tensor has to be contiguous"),
+    Answer(2, "returns the send's work only: the receive is never waited for", """
+def start_pass(block):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    block = block.contiguous()
+    incoming = torch.empty_like(block)
+    send, recv = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, block, (rank + 1) % world),
+        dist.P2POp(dist.irecv, incoming, (rank - 1) % world),
+    ])
+    return [send], incoming
+""", "started 2 transfers and returned 1 of them"),
+    Answer(2, "sends a contiguous copy, receives into a strided buffer (empty_like)", """
+def start_pass(block):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    incoming = torch.empty_like(block)
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, block.contiguous(), (rank + 1) % world),
+        dist.P2POp(dist.irecv, incoming, (rank - 1) % world),
+    ])
+    return works, incoming
+""", "The tensor you receive into is not contiguous"),
     Answer(2, "blocking send, then receive: every rank sends first", """
 def start_pass(block):
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -218,5 +249,44 @@ def allgather_attention(q, k, v):
     visible = torch.arange(world * c)[None, :] <= positions[:, None]
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
 """, "should use an all-gather of the keys and values"),
+    Answer(3, "4 tokens per rank hard-coded, as in the notebook", """
+def allgather_attention(q, k, v):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kv = torch.empty(world * 2, *k.shape)
+    dist.all_gather_single(kv, torch.stack([k, v]).contiguous())
+    kv = kv.view(world, 2, *k.shape)
+    keys, values = torch.cat(list(kv[:, 0]), dim=2), torch.cat(list(kv[:, 1]), dim=2)
+    positions = torch.arange(rank * 4, (rank + 1) * 4)
+    visible = torch.arange(world * 4)[None, :] <= positions[:, None]
+    scores = (q @ keys.transpose(-2, -1) * 8 ** -0.5).masked_fill(~visible, float("-inf"))
+    return scores.softmax(dim=-1) @ values
+""", "with 3 tokens per rank (12 in all), 3 heads of 4"),
+    Answer(3, "no 1/sqrt(head dim) in the scores", """
+def allgather_attention(q, k, v):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    c = q.shape[2]
+    kv = torch.empty(world * 2, *k.shape)
+    dist.all_gather_single(kv, torch.stack([k, v]).contiguous())
+    kv = kv.view(world, 2, *k.shape)
+    keys, values = torch.cat(list(kv[:, 0]), dim=2), torch.cat(list(kv[:, 1]), dim=2)
+    positions = torch.arange(rank * c, (rank + 1) * c)
+    visible = torch.arange(world * c)[None, :] <= positions[:, None]
+    scores = (q @ keys.transpose(-2, -1)).masked_fill(~visible, float("-inf"))
+    return scores.softmax(dim=-1) @ values
+""", "without the 1/sqrt(head dim) scale"),
+    Answer(3, "right values, computed and returned in float64", """
+def allgather_attention(q, k, v):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    c = q.shape[2]
+    ks = [torch.empty_like(k) for _ in range(world)]
+    vs = [torch.empty_like(v) for _ in range(world)]
+    dist.all_gather(ks, k.contiguous())
+    dist.all_gather(vs, v.contiguous())
+    keys, values = torch.cat(ks, 2).double(), torch.cat(vs, 2).double()
+    positions = torch.arange(rank * c, (rank + 1) * c)
+    visible = torch.arange(world * c)[None, :] <= positions[:, None]
+    scores = (q.double() @ keys.transpose(-2, -1) * q.shape[-1] ** -0.5)
+    return scores.masked_fill(~visible, float("-inf")).softmax(dim=-1) @ values
+""", "output is float64; q, k and v are float32"),
 ]
 # fmt: on
