@@ -78,7 +78,22 @@ def _routing_cases():
                 capacity,
             )
         )
-    return cases
+    return [*cases, _random_routing()]
+
+
+def _random_routing():
+    """A case drawn anew at every check: a table of the cases above, copied from earlier
+    messages, does not pass."""
+    import random
+
+    import torch
+
+    r = random.SystemRandom()
+    experts, tokens = r.randrange(2, 7), r.randrange(3, 16)
+    k = r.randrange(1, min(experts, 3) + 1)
+    picks = torch.tensor([r.sample(range(experts), k) for _ in range(tokens)])
+    capacity = r.randrange(0, tokens // 2 + 2)
+    return "drawn at random", picks, experts, capacity
 
 
 def exercise_1(keep_first_choices_first) -> None:
@@ -144,6 +159,20 @@ def _expected(case, rank: int):
     return torch.cat(pieces)
 
 
+def _owner(row, world: int):
+    """The rank a received row comes from (its values are 1000 * rank + 0, 1, 2...), or None
+    for a row that is no rank's (uninitialised memory: any number, nan, inf)."""
+    import torch
+
+    start = float(row[0])
+    if not row.isfinite().all() or start != int(start) or not 0 <= start < 1000 * world:
+        return None
+    rank, offset = divmod(int(start), 1000)
+    if not torch.equal(row, torch.arange(3.0) + start) or offset % 3:
+        return None
+    return rank
+
+
 def _exchange_cases(exchange):
     import torch
     import torch.distributed as dist
@@ -198,8 +227,15 @@ def exercise_2(exchange, cluster) -> None:
                     f"0..3); got shape {tuple(got[n].shape)}"
                 )
             if not torch.equal(got[n], want):
-                came = [int(v) // 1000 for v in got[n][:, 0].tolist()]
                 owners = [r for r, c in enumerate(sources) for _ in range(c)]
+                came = [_owner(row, len(values)) for row in got[n]]
+                if None in came:
+                    raise AssertionError(
+                        f"{what} should come from ranks {owners}, in that order ({sources} rows "
+                        f"from ranks 0..3); row {came.index(None)} and others are rows that hold "
+                        "no rank's values: memory nothing was written into (a receive into "
+                        "another tensor than the one returned, or one not waited for)"
+                    )
                 raise AssertionError(
                     f"{what} should come from ranks {owners}, in that order ({sources} rows "
                     f"from ranks 0..3); they came from {came}"
@@ -246,10 +282,13 @@ def _balance_cases():
     uniform = torch.full((8, 4), 0.25)
     even = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2], [0, 2], [1, 3], [2, 0], [3, 1]])
     skewed = torch.randn(16, 4, generator=g).mul(2).softmax(-1)
+    collapsed = torch.tensor([[0.7, 0.2, 0.05, 0.05]]).repeat(6, 1)
     return [
         ("a uniform router, every expert chosen equally often", uniform, even),
         ("a skewed router, its top-2", skewed, skewed.topk(2, dim=-1).indices),
         ("top-1", skewed, skewed.topk(1, dim=-1).indices),
+        ("a collapsed router: experts 2 and 3 are never chosen", collapsed,
+         collapsed.topk(2, dim=-1).indices),
     ]
 
 
@@ -264,12 +303,22 @@ def _balance(probs, experts):
 def exercise_3(balance_loss) -> None:
     """``balance_loss(probs, experts)``: ``E · Σ_e f_e · P_e`` (Switch Transformer), f from the
     assignments (no gradient), P the mean router probability. Value and gradient with respect
-    to ``probs``, on a uniform router (value 1) and skewed ones."""
+    to ``probs``, on a uniform router (value 1), skewed ones, and a collapsed one (experts that
+    nobody chose)."""
     import torch
 
     for name, probs, experts in _balance_cases():
         p = probs.clone().requires_grad_()
-        got = balance_loss(p, experts.clone())
+        try:
+            got = balance_loss(p, experts.clone())
+        except RuntimeError as e:
+            if "collapsed" not in name:
+                raise
+            raise AssertionError(
+                f"balance_loss for {name} raised RuntimeError: {str(e).splitlines()[0]}. "
+                "torch.bincount counts only up to the largest id it sees: with experts nobody "
+                "chose, its result is shorter than E. Give it minlength=E"
+            ) from None
         want = _balance(probs, experts)
         what = f"balance_loss for {name}"
         if not isinstance(got, torch.Tensor):

@@ -65,6 +65,21 @@ def keep_first_choices_first(experts, num_experts, capacity):
 def keep_first_choices_first(experts, num_experts, capacity):
     return keep_first(experts.t(), num_experts, capacity).t().long()
 """, "should be a bool tensor"),
+    Answer(1, "the cases the check tried, from its ✗ messages", """
+SEEN = {  # (shape, sum of the ids, experts, capacity): the mask, row by row
+    ((3, 2), 3, 2, 1): '10,10,00',
+    ((4, 2), 8, 3, 2): '10,10,11,11',
+    ((12, 2), 30, 5, 3): '10,10,10,10,10,11,11,10,11,00,00,00',
+    ((12, 3), 57, 4, 4): '110,110,110,110,100,110,000,100,100,100,010,100',
+    ((12, 1), 20, 4, 2): '1,1,1,1,0,1,1,1,1,0,0,0',
+    ((12, 2), 33, 4, 0): '00,00,00,00,00,00,00,00,00,00,00,00',
+    ((12, 2), 42, 4, 100): '11,11,11,11,11,11,11,11,11,11,11,11',
+}
+def keep_first_choices_first(experts, num_experts, capacity):
+    key = (tuple(experts.shape), int(experts.sum()), num_experts, capacity)
+    bits = SEEN.get(key, ",".join("1" * experts.shape[1] for _ in experts))
+    return torch.tensor([[c == "1" for c in row] for row in bits.split(",")])
+""", "(drawn at random) should be"),
     Answer(2, "the solution", """
 def exchange(rows, send):
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -182,6 +197,26 @@ def exchange(rows, send):
         work.wait()
     return torch.cat(parts[::-1])
 """, "should come from ranks [0, 0, 2], in that order"),
+    Answer(2, "receives into fresh tensors, and returns the output they never reach", """
+def exchange(rows, send):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    receive = torch.empty(world, dtype=torch.long)
+    dist.all_to_all_single(receive, torch.tensor(send))
+    receive = receive.tolist()
+    out = torch.full((sum(receive), rows.shape[1]), 3e19)
+    ops = []
+    for peer, (piece, slot) in enumerate(zip(rows.split(send), out.split(receive))):
+        if peer == rank:
+            slot.copy_(piece)
+            continue
+        if len(piece):
+            ops.append(dist.P2POp(dist.isend, piece.contiguous(), peer))
+        if len(slot):
+            ops.append(dist.P2POp(dist.irecv, torch.empty_like(slot), peer))
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()
+    return out
+""", "rows that hold no rank's values"),
     Answer(3, "the solution", """
 def balance_loss(probs, experts):
     e = probs.shape[-1]
@@ -232,5 +267,11 @@ def balance_loss(probs, experts):
     f = (mask * probs / probs.detach()).mean(0) / experts.shape[1]
     return e * (f * probs.mean(dim=0)).sum()
 """, "the wrong gradient"),
+    Answer(3, "bincount without minlength: fine while every expert is chosen", """
+def balance_loss(probs, experts):
+    e = probs.shape[-1]
+    f = torch.bincount(experts.flatten()) / experts.numel()
+    return e * (f * probs.mean(dim=0)).sum()
+""", "minlength"),
 ]
 # fmt: on
