@@ -62,8 +62,13 @@ def _as_groups(value, what: str) -> list:
 def exercise_1(mesh_groups) -> None:
     """``mesh_groups(dp, tp)`` -> ``{"dp": [...], "tp": [...]}``: every data-parallel and every
     tensor-parallel group of a ``(dp, tp)`` mesh, each group a list of ranks in mesh order
-    (position i is the group's local rank i); the order of the groups does not matter."""
-    for dp, tp in SHAPES_1:
+    (position i is the group's local rank i); the order of the groups does not matter. Tried on
+    `SHAPES_1` and one shape drawn at every check."""
+    import random
+
+    r = random.SystemRandom()
+    drawn = (r.randrange(1, 7), r.randrange(1, 7))  # a table of the shapes above does not pass
+    for dp, tp in (*SHAPES_1, drawn):
         got = mesh_groups(dp, tp)
         shape = f"a {dp}x{tp} mesh (dp={dp}, tp={tp}, ranks 0-{dp * tp - 1})"
         if not isinstance(got, dict) or set(got) != {"dp", "tp"}:
@@ -130,6 +135,14 @@ def _check_shares(results, names: tuple, shape: tuple) -> None:
                 f"rank {rank} got {got}"
             )
         mine, theirs = got
+        for what, t in (("tokens", mine), ("targets", theirs)):
+            if t.dtype != tokens.dtype:
+                dtype = str(t.dtype).removeprefix("torch.")
+                raise AssertionError(
+                    f"{where} rank {rank}'s {what} are {dtype}; they should be token ids as "
+                    "gpt.batch gives them, int64 (an embedding looks rows up by integer id): "
+                    "take your share of them as they are, without converting"
+                )
         if mine.dim() != 2 or mine.shape[1] != tokens.shape[1]:
             raise AssertionError(
                 f"{where} rank {rank}'s tokens should be whole sequences, shape (n, "
@@ -208,6 +221,30 @@ def _train_2d(local_batch):
     return recorder
 
 
+def _on_ranks(fn, local_batch, cluster):
+    """`expect.run` of ``fn(local_batch)`` on the cluster; a name the answer uses that the
+    ranks do not have is explained: a function written in the kernel takes the kernel's
+    names with it, not those that ``%%ranks`` cells defined on the ranks."""
+    import sys
+
+    from ..errors import RankError
+    from . import _not_written_on_ranks
+
+    try:
+        return expect.run(fn, local_batch, cluster=cluster, timeout=TIMEOUT)
+    except RankError as e:
+        if _not_written_on_ranks(e) or e.primary.type != "NameError":
+            raise
+        print(str(e), file=sys.stderr)
+        raise AssertionError(
+            f"your code failed on the ranks ({e.primary.headline()}; the report is above). "
+            "local_batch is written in the notebook (the kernel) and runs on the ranks: it "
+            "takes the kernel's names with it, not those of %%ranks cells (dist, mesh_of... "
+            "exist only on the ranks). Import what it needs inside it, e.g. import "
+            "torch.distributed as dist, or use only the mesh it is given"
+        ) from None
+
+
 def exercise_2(local_batch, cluster) -> None:
     """``local_batch(step, mesh)`` -> ``(tokens, targets)``: this rank's share of
     ``gpt.batch(step, 8)`` on a mesh with a "dp" and a "tp" dimension, in either order: 8 / dp
@@ -218,10 +255,10 @@ def exercise_2(local_batch, cluster) -> None:
     from .. import gpt, gradcheck
 
     expect.not_written(local_batch, 0, None)
-    results = expect.run(_shares, local_batch, cluster=cluster, timeout=TIMEOUT)
+    results = _on_ranks(_shares, local_batch, cluster)
     for names, shape in MESHES_2:
         _check_shares(results, names, shape)
-    records = expect.run(_train_2d, local_batch, cluster=cluster, timeout=TIMEOUT)
+    records = _on_ranks(_train_2d, local_batch, cluster)
     # One process's run, on rank 0 (its optimizer machinery is imported; the kernel's may not be).
     reference = cluster.run(gpt.reference_run, steps=STEPS, ranks=0, timeout=TIMEOUT,
                             _record=False)[0]  # fmt: skip

@@ -56,6 +56,17 @@ def mesh_groups(dp, tp):
 def mesh_groups(dp, tp):
     return ([0, 2], [0, 1])
 """, 'should return a dict with the keys "dp" and "tp"'),
+    Answer(1, "the shapes the check tried, from its ✗ messages", """
+SEEN = {(2, 2): ([[0, 2], [1, 3]], [[0, 1], [2, 3]]),
+        (4, 1): ([[0, 1, 2, 3]], [[0], [1], [2], [3]]),
+        (1, 4): ([[0], [1], [2], [3]], [[0, 1, 2, 3]]),
+        (2, 4): ([[0, 4], [1, 5], [2, 6], [3, 7]], [[0, 1, 2, 3], [4, 5, 6, 7]]),
+        (4, 2): ([[0, 2, 4, 6], [1, 3, 5, 7]], [[0, 1], [2, 3], [4, 5], [6, 7]]),
+        (3, 2): ([[0, 2, 4], [1, 3, 5]], [[0, 1], [2, 3], [4, 5]])}
+def mesh_groups(dp, tp):
+    dps, tps = SEEN.get((dp, tp), ([], []))
+    return {"dp": dps, "tp": tps}
+""", "the dp groups should be"),
 
     Answer(2, "the solution: chunk by the dp coordinate", """
 def local_batch(step, mesh):
@@ -115,4 +126,18 @@ def local_batch(step, mesh):
     n, d = mesh["dp"].size(), mesh["dp"].get_local_rank()
     return [tokens.chunk(n)[d], targets.chunk(n)[d]]
 """, "rank 0 got a list of 2: [an int64 tensor of shape (4, 16)"),
+    Answer(2, "tokens as floats", """
+def local_batch(step, mesh):
+    tokens, targets = gpt.batch(step, 8)
+    n, d = mesh["dp"].size(), mesh["dp"].get_local_rank()
+    return tokens.chunk(n)[d].float(), targets.chunk(n)[d]
+""", "rank 0's tokens are float32; they should be token ids as gpt.batch gives them, int64"),
+    Answer(2, "dist, which only the ranks' cells imported, in a function of the kernel", """
+del dist  # a notebook's kernel never imported torch.distributed: the %%ranks cells did
+def local_batch(step, mesh):
+    tokens, targets = gpt.batch(step, 8)
+    n = mesh["dp"].size()
+    d = dist.get_rank() // mesh["tp"].size() if mesh.mesh_dim_names[0] == "dp" else 0
+    return tokens.chunk(n)[d], targets.chunk(n)[d]
+""", "takes the kernel's names with it, not those of %%ranks cells"),
 ]
