@@ -53,7 +53,8 @@ def exercise_2(my_prediction) -> None:
 
 def exercise_3(sum_pushed_values, cluster) -> None:
     """``sum_pushed_values()`` pushes [10.] to rank 0 and [32.] to rank 1 of the live 2-rank
-    ``cluster``, all-reduces them there and returns ``cluster.pull("v")``: both hold [42.].
+    ``cluster``, all-reduces them there and returns ``cluster.pull("v")``: both hold [42.], a
+    float32 tensor.
     A collective on one rank only is called a hang after `expect.HANG` seconds."""
     import torch
 
@@ -69,4 +70,12 @@ def exercise_3(sum_pushed_values, cluster) -> None:
             f"rank; got {expect.describe(pulled)}"
         )
     for rank, v in enumerate(pulled):
+        if not isinstance(v, torch.Tensor) or v.dtype != torch.float32:
+            kind = (expect._a(str(v.dtype).removeprefix("torch.")) + " tensor"
+                    if isinstance(v, torch.Tensor) else expect.describe(v))  # fmt: skip
+            raise AssertionError(
+                f"v on rank {rank} should be a float32 tensor like tensor([42.]); it is {kind}: "
+                "push the tensors [10.] and [32.], floats (torch.tensor([10.0]); "
+                "torch.tensor([10]) holds int64)"
+            )
         expect.close(v, torch.tensor([42.0]), f"v on rank {rank}")

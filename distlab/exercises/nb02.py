@@ -139,6 +139,13 @@ def exercise_2(ring_all_gather) -> None:
                 f"{world_size} ranks needs world_size - 1 = {world_size - 1} steps, each "
                 "passing one value to the right"
             )
+        if steps > world_size - 1:
+            raise AssertionError(
+                f"rank {rank} called dist.batch_isend_irecv {how_often(steps)}; a ring of "
+                f"{world_size} ranks needs world_size - 1 = {world_size - 1} steps: after "
+                f"them every rank holds every value, and step {world_size} only sends each "
+                "rank its own value back (one send per rank, for nothing)"
+            )
         if isinstance(got, torch.Tensor):
             raise AssertionError(
                 f"rank {rank} returned a tensor ({expect.describe(got)}); the exercise asks "

@@ -176,4 +176,12 @@ def exercise_3(predicted_grads, backward_with_loss_on_rank_0) -> None:
     for rank, grad in enumerate(grads):
         if grad is None:
             raise AssertionError(f"rank {rank}: no gradient reached x")
+        if torch.allclose(grad, 2 * truth[rank]):  # L = z_0 + z_1: every rank had a loss
+            raise AssertionError(
+                f"rank {rank}'s x.grad is {grad[0, 0].item():.4g} on every entry, twice the "
+                f"true {truth[rank][0, 0].item():.4g}: rank 1 ran a loss of its own "
+                "(y.sin().sum()), so the backward added both losses' gradients. Only rank 0 "
+                "has a loss; rank 1 takes part in the backward with a zero gradient: "
+                "y.backward(torch.zeros_like(y))"
+            )
         expect.close(grad, truth[rank], f"rank {rank}'s x.grad", world_size=2)

@@ -229,7 +229,15 @@ def exercise_2(counting_sizes) -> None:
 # -- exercise 3: your own fp16 hook -----------------------------------------------------------
 
 
-def _fp16_on_rank(hook):
+#: The largest gradient entry of exercise 3's loud case, on every rank: float16 holds it, and
+#: half of it, but not the sum of two (float16's largest finite value is 65,504).
+LOUD = 40_000.0
+
+
+def _fp16_on_rank(hook, loud=False):
+    """The gradients of one backward under the learner's hook, fp16_compress_hook and no hook.
+    ``loud``: every rank trains on the same rows, with the loss scaled so that the largest
+    gradient entry is `LOUD`: a hook that sums before it divides overflows float16."""
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -237,7 +245,12 @@ def _fp16_on_rank(hook):
 
     rank = dist.get_rank()
     X, Y = _batch()
-    x, y = X.chunk(WORLD)[rank], Y.chunk(WORLD)[rank]
+    x, y = X.chunk(WORLD)[0 if loud else rank], Y.chunk(WORLD)[0 if loud else rank]
+    scale = 1.0
+    if loud:
+        model = _model()
+        F.mse_loss(model(x), y).backward()
+        scale = LOUD / max(float(p.grad.abs().max()) for p in model.parameters())
     out = {}
     for who, h in (("yours", _guarded(hook)), ("builtin", default_hooks.fp16_compress_hook),
                    ("exact", None)):  # fmt: skip
@@ -245,7 +258,7 @@ def _fp16_on_rank(hook):
         if h is not None:
             model.register_comm_hook(dist.group.WORLD, h)
         try:
-            F.mse_loss(model(x), y).backward()
+            (F.mse_loss(model(x), y) * scale).backward()
         except Exception as e:  # noqa: BLE001 -- the learner's hook failed: say how
             return None, f"{type(e).__name__}: {str(e).splitlines()[0]}"
         out[who] = [p.grad.clone() for p in model.parameters()]
@@ -255,17 +268,32 @@ def _fp16_on_rank(hook):
 def exercise_3(my_fp16_hook) -> None:
     """``my_fp16_hook(process_group, bucket)`` on 2 ranks: the gradients equal, bit for bit,
     those of ``default_hooks.fp16_compress_hook`` (a float16 all-reduce of the bucket divided by
-    the world size, cast back)."""
-    import torch
+    the world size, cast back), on the rows of a batch and again with gradients of `LOUD` on
+    every rank (whose sum float16 cannot hold)."""
 
     expect.not_written(my_fp16_hook, None, None)
     names = ["0.weight", "0.bias", "2.weight", "2.bias"]
-    for rank, (grads, failure) in enumerate(expect.run(_fp16_on_rank, my_fp16_hook,
-                                                       world_size=WORLD)):  # fmt: skip
+    for loud in (False, True):
+        _compare_fp16(expect.run(_fp16_on_rank, my_fp16_hook, loud, world_size=WORLD), names,
+                      loud)  # fmt: skip
+
+
+def _compare_fp16(results, names, loud) -> None:
+    import torch
+
+    for rank, (grads, failure) in enumerate(results):
         _hook_failed(failure)
         for name, mine, builtin, exact in zip(names, grads["yours"], grads["builtin"],
                                               grads["exact"], strict=True):  # fmt: skip
             what = f"rank {rank}'s gradient of {name}"
+            if loud:
+                what += f" (gradients up to {LOUD:,.0f} on every rank)"
+            if loud and builtin.isfinite().all() and not mine.isfinite().all():
+                raise AssertionError(
+                    f"{what} holds inf: your hook adds the ranks' float16 values before it "
+                    f"divides, and {WORLD} x {LOUD:,.0f} is more than float16 holds (65,504). "
+                    "Divide by the world size before the all-reduce, as fp16_compress_hook does"
+                )
             if mine.dtype != builtin.dtype:
                 raise AssertionError(
                     f"{what} is {mine.dtype}; cast the all-reduced bucket back to the bucket's "

@@ -128,11 +128,22 @@ def exercise_1(fan_out) -> None:
             raise AssertionError(
                 f"worker{worker} should run square once, on {x} (a tensor); it ran it on {got}"
             )
+        if not isinstance(served[0], torch.Tensor) or served[0].dtype != torch.float32:
+            raise AssertionError(
+                f"worker{worker} ran square on {expect.describe(served[0])}; give it the float "
+                f"tensor torch.tensor({x}) (a float32 tensor, as every value in this course)"
+            )
     if not any(c["met"] for w in (1, 2) for c in calls[w]):
         raise AssertionError(
             "the two calls ran one after the other: worker1's square had finished before "
             "worker2's began. Start both with rpc.rpc_async before you wait for either "
             "(torch.futures.wait_all(futures) waits for both)"
+        )
+    if not isinstance(total, torch.Tensor) or total.dtype != torch.float32:
+        raise AssertionError(
+            "fan_out should return the sum of the two results, the float32 tensor "
+            f"tensor(25.); it returned {expect.describe(total)} (the results are tensors: add "
+            "them as they are, without .item() or int())"
         )
     expect.close(total, torch.tensor(25.0), "fan_out's result (square(3) + square(4))")
 

@@ -107,5 +107,12 @@ def sum_pushed_values():
     cluster.push(ranks=[1], v=torch.tensor([32.0]))
     cluster.exec("dist.all_reduce(v)")
     return [t.item() for t in cluster.pull("v")]
-""", "v on rank 0 should have shape (1,)"),
+""", "v on rank 0 should be a float32 tensor like tensor([42.]); it is a float: 42.0"),
+    Answer(3, "int tensors: [10] and [32]", """
+def sum_pushed_values():
+    cluster.push(ranks=[0], v=torch.tensor([10]))
+    cluster.push(ranks=[1], v=torch.tensor([32]))
+    cluster.exec("dist.all_reduce(v)")
+    return cluster.pull("v")
+""", "v on rank 0 should be a float32 tensor like tensor([42.]); it is an int64 tensor"),
 ]

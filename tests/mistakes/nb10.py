@@ -137,6 +137,18 @@ def my_fp16_hook(process_group, bucket):
     fut.set_result((buffer / process_group.size()).to(torch.float16))
     return fut.then(lambda f: f.value().to(buffer.dtype))
 """, "rank 0's gradient of 0.weight should be"),
+    Answer(3, "divides after the all-reduce, in float32: exact on 2 ranks, until it overflows",
+           """
+def my_fp16_hook(process_group, bucket):
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.float16)
+    fut = dist.all_reduce(compressed, group=process_group, async_op=True).get_future()
+
+    def decompress(fut):
+        return fut.value()[0].to(buffer.dtype) / process_group.size()
+
+    return fut.then(decompress)
+""", "your hook adds the ranks' float16 values before it divides"),
     Answer(3, "forgets `return`", _FP16.replace("    return fut.then(decompress)",
                                                  "    fut.then(decompress)"),
         "your hook returned None"),

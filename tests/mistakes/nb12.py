@@ -43,7 +43,18 @@ def fan_out(square):
     futs = [rpc.rpc_async(f"worker{r}", square, args=(torch.tensor(x),))
             for r, x in ((1, 3.0), (2, 4.0))]
     return torch.futures.wait_all(futs)
-""", "25.0; got a list of 2"),
+""", "it returned a list of 2"),
+    Answer(1, "Python ints, not tensors", """
+def fan_out(square):
+    futs = [rpc.rpc_async(f"worker{r}", square, args=(x,)) for r, x in ((1, 3), (2, 4))]
+    return sum(torch.futures.wait_all(futs))
+""", "worker1 ran square on an int: 3"),
+    Answer(1, "the sum as a Python float", """
+def fan_out(square):
+    futs = [rpc.rpc_async(f"worker{r}", square, args=(torch.tensor(x),))
+            for r, x in ((1, 3.0), (2, 4.0))]
+    return sum(f.item() for f in torch.futures.wait_all(futs))
+""", "it returned a float: 25.0"),
     Answer(1, "no RPC at all: computes it locally", """
 def fan_out(square):
     return torch.tensor(3.0) ** 2 + torch.tensor(4.0) ** 2
