@@ -297,3 +297,26 @@ def test_sharded_ranks_keep_what_the_prediction_says():
     assert (tp.of("layers.0"), sp.of("layers.0")) == (182_272, 164_864)
     assert tp.of("layers.0.ln1") == 17_408 and sp.of("layers.0.ln1") == 8_704
     assert tp.modules["layers.0.attn.wq"] == sp.modules["layers.0.attn.wq"] == 16_384
+
+
+@quick
+def test_a_model_of_twelve_blocks_is_predicted_block_by_block():
+    # layers.1 is not layers.10 or layers.11: each block's count is its own.
+    config = gpt.Config(n_layers=12)
+    predicted = activations.predict(config, 2)
+    assert len({predicted.of(f"layers.{i}") for i in range(12)}) == 1
+    assert predicted.of("layers") == 12 * predicted.of("layers.1")
+    measured = _measure(gpt.GPT(config), config, batch_size=2)
+    assert [measured.of(f"layers.{i}") for i in range(12)] == [predicted.of("layers.0")] * 12
+
+
+@quick
+def test_side_by_side_shows_measured_minus_predicted():
+    measured = activations.Activations({"a": 1_000, "b": 50}, order=("a", "b"))
+    predicted = activations.Activations({"a": 900, "b": 70}, order=("a", "b"))
+    assert activations.side_by_side(measured, predicted) == (
+        "module   measured  predicted difference\n"
+        "a           1,000        900       +100\n"
+        "b              50         70        -20\n"
+        "total       1,050        970        +80"
+    )

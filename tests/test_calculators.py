@@ -293,3 +293,70 @@ def test_a_bare_parameter_count_has_no_activations_and_says_so():
     e = memory_per_device(Params(1000), tp=2, pp=2)
     assert e.activations == 0 and e.numel == 250
     assert "activations: not modelled" in e.text()
+
+
+# --- what each device holds, case by case ------------------------------------------------------
+
+
+def test_zero_shards_over_the_data_and_context_parallel_ranks_together():
+    # The cp ranks of a dp group hold the same parameters: ZeRO shards over dp x cp of them.
+    llama = PRESETS["Llama-3 8B"]
+    n = llama.parameters()
+    for zero in (1, 2, 3):
+        e = memory_per_device("Llama-3 8B", dp=2, cp=4, zero=zero, seq_len=4096)
+        shard = -(-n // 8)
+        assert e.optimizer == 12 * shard
+        assert e.grads == (2 * shard if zero >= 2 else 2 * n)
+        assert e.params == (2 * shard if zero >= 3 else 2 * n)
+    assert memory_per_device("Llama-3 8B", dp=8, zero=3).params == e.params
+
+
+def test_a_mixture_of_experts_keeps_what_its_router_and_experts_save():
+    # Mixtral 8x7B, per layer (s tokens, b sequences, h hidden, i the experts' width, k = 2 of
+    # E = 8 experts, e = 2 bytes): the router's probabilities (fp32) and choices (int64), each
+    # token's k copies at its experts, 4 tensors of width i inside each expert, the experts'
+    # outputs and the gates (fp32).
+    s, b, h, i, k, E, e, layers = 1024, 2, 4096, 14336, 2, 8, 2, 32
+    terms = dict(memory_per_device("Mixtral 8x7B", seq_len=s, micro_batch=b).terms)
+    assert terms["router probabilities"] == layers * 4 * s * b * E
+    assert terms["router choices"] == layers * 8 * s * b * k
+    assert terms["tokens at their experts"] == layers * e * s * b * h * k
+    assert terms["experts' insides"] == layers * 4 * e * s * b * k * i
+    assert terms["experts' outputs"] == layers * e * s * b * h * k
+    assert terms["gates"] == layers * 4 * s * b * k
+    assert "SwiGLU" not in terms  # a dense model's MLP term
+
+
+def test_a_tied_embedding_is_kept_twice_across_pipeline_stages_once_without():
+    # GPT-2 ties its output layer to the token embedding: one tensor on one device; with
+    # pp > 1 the last stage keeps a copy of it (Megatron-LM), the first the embedding.
+    gpt2 = PRESETS["GPT-2 124M"]
+    whole = gpt2.shard(tp=1, pp=1, stage=0)[0]
+    assert whole == gpt2.parameters()
+    stages = [gpt2.shard(tp=1, pp=2, stage=s)[0] for s in range(2)]
+    assert sum(stages) == gpt2.parameters() + gpt2.vocab * gpt2.hidden
+
+
+def test_a_vocabulary_that_tp_does_not_divide_is_padded_to_a_whole_share():
+    # GPT-2's 50,257 tokens on 2 ranks: each holds 25,129 rows of the embedding (Megatron pads
+    # the vocabulary), not 25,128.
+    gpt2 = PRESETS["GPT-2 124M"]
+    assert gpt2.end_parameters(tp=2, pp=1, stage=0) == (25_129 + 1024 + 2) * 768
+    dense, _ = gpt2.shard(tp=2, pp=1, stage=0)
+    assert dense == gpt2.layer_parameters(2)[0] * 12 + (25_129 + 1024 + 2) * 768
+
+
+def test_a_one_element_parameters_optimizer_state_is_state_and_its_step_count_apart():
+    # Linear(4, 1)'s bias has one element: its Adam m and v are one element each (optimizer
+    # state, as the calculator counts it), and its step counter, one element too, is not.
+    from distlab.calculators import MLP
+
+    model = nn.Linear(4, 1)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    measured = memory.measure(model, opt)
+    e = memory_per_device(MLP("one output", (4, 1)), precision="fp32")
+    assert (measured.params, measured.grads, measured.optimizer) == (
+        e.params, e.grads, e.optimizer) == (20, 20, 40)  # fmt: skip
+    assert measured.optimizer_other == 2 * 4  # two step counters, one float32 each

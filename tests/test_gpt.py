@@ -208,3 +208,25 @@ def test_bad_arguments_are_refused():
         gpt.reference_run(steps=0)
     with pytest.raises(ValueError, match="longer than Config.seq_len=16"):
         gpt.GPT()(torch.zeros(1, 17, dtype=torch.int64))
+
+
+def test_make_optimizer_has_its_documented_settings():
+    params = list(gpt.GPT().parameters())
+    adamw = gpt.make_optimizer(params)
+    group = adamw.param_groups[0]
+    assert type(adamw) is torch.optim.AdamW
+    assert (group["lr"], group["betas"], group["weight_decay"]) == (1e-2, (0.9, 0.95), 0.1)
+    sgd = gpt.make_optimizer(params, "sgd", lr=0.5)
+    group = sgd.param_groups[0]
+    assert type(sgd) is torch.optim.SGD
+    assert (group["lr"], group["momentum"]) == (0.5, 0.9)
+
+
+def test_reference_run_steps_with_the_learning_rate_it_is_given():
+    # SGD's first step with momentum is p - lr * g: the learning rate is visible in the update.
+    ref = gpt.reference_run(steps=1, optimizer="sgd", lr=0.25)
+    init = dict(gpt.GPT().named_parameters())
+    step = ref.steps[0]
+    for name in ("tok.weight", "layers.1.mlp.w2.weight", "head.weight"):
+        want = init[name].detach() - 0.25 * step.grads[name]
+        torch.testing.assert_close(step.params[name], want, rtol=0, atol=1e-7)

@@ -700,3 +700,32 @@ def test_compare_refuses_what_it_cannot_compare(reference):
     longer = gpt.reference_run(CONFIG, STEPS + 1, batch_size=BATCH)
     with pytest.raises(ValueError, match="run the reference with steps=4"):
         gradcheck.compare([longer], reference)
+
+
+@quick
+def test_a_passing_report_gives_the_largest_errors_it_met(reference):
+    # Errors within tolerance, planted where they are known: the largest absolute one in a
+    # parameter at step 2, the largest relative one in a gradient at step 0.
+    mine = _copy(reference)
+    grad = mine.steps[0].grads["norm.bias"]
+    grad[0] += 4e-4 * grad.abs().max()  # relative 4e-4, tiny in absolute terms
+    param = mine.steps[2].params["head.weight"]
+    param[0, 0] += 2e-5
+    report = gradcheck.compare([mine], reference)
+    assert report.ok, report.text()
+    want_abs = float((param.double() - reference.steps[2].params["head.weight"].double()).abs()
+                     .max())  # fmt: skip
+    ref_grad = reference.steps[0].grads["norm.bias"].double()
+    want_rel = float((grad.double() - ref_grad).abs().max() / ref_grad.abs().max())
+    assert report.max_abs == pytest.approx(want_abs, rel=1e-9)
+    assert report.max_rel == pytest.approx(want_rel, rel=1e-9)
+
+
+@quick
+def test_a_mistake_is_named_where_it_starts_the_loss_before_its_gradients(reference):
+    # A forward mistake moves the loss and every gradient after it: the loss is named.
+    mine = _copy(reference)
+    mine.steps[0].loss += 0.5
+    mine.steps[0].grads["tok.weight"] = mine.steps[0].grads["tok.weight"] * 2
+    m = gradcheck.compare([mine], reference).mismatch
+    assert (m.name, m.kind, m.step) == ("loss", "loss", 0)
