@@ -283,10 +283,17 @@ MUTATIONS = [
         ("tests/test_gradcheck.py",),
     ),
     Mutation(
-        "Adam's allowance ignores the smallest the denominator can be",
+        "Adam's allowance takes the rank's sqrt(v) to be one process's",
         "distlab/gradcheck/optimizers.py",
-        "(self._m / least + m",
-        "(self._m / denom + m",
+        "root, low = v.sqrt(), (v - dv).clamp(min=0).sqrt()",
+        "root, low = v.sqrt(), v.sqrt()",
+        ("tests/test_gradcheck.py",),
+    ),
+    Mutation(
+        "SGD's allowance forgets Nesterov's extra gradient term",
+        "distlab/gradcheck/optimizers.py",
+        'step_diff = dg + momentum * self._buf if setting.get("nesterov") else self._buf',
+        "step_diff = self._buf",
         ("tests/test_gradcheck.py",),
     ),
 ]

@@ -729,3 +729,48 @@ def test_a_mistake_is_named_where_it_starts_the_loss_before_its_gradients(refere
     mine.steps[0].grads["tok.weight"] = mine.steps[0].grads["tok.weight"] * 2
     m = gradcheck.compare([mine], reference).mismatch
     assert (m.name, m.kind, m.step) == ("loss", "loss", 0)
+
+
+def _apart(make, steps=6, seed=0):
+    """Two copies of a parameter stepped by ``make``'s optimizer on gradients that differ, a
+    lot where a quarter of the entries are far below Adam's eps: how far the parameters end up
+    beyond what `optimizers.Drift` allows (<= 0: never)."""
+    from distlab.gradcheck.optimizers import Drift, settings
+
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randn(400, generator=g) * 0.05
+    a, b = nn.Parameter(start.clone()), nn.Parameter(start.clone())
+    opt_a, opt_b = make([a]), make([b])
+    setting = settings(opt_a, {id(a): "p"})["p"]
+    drift, beyond = Drift(), -1.0
+    for _ in range(steps):
+        grad = torch.randn(400, generator=g) * 1e-2
+        grad[:100] *= 1e-7
+        noise = torch.rand(400, generator=g) * 2 - 1
+        other = torch.where(torch.arange(400) < 200, grad * noise,
+                            grad + noise * 1e-7 * grad.abs().max())  # fmt: skip
+        a.grad, b.grad = grad.clone(), other.clone()
+        opt_a.step()
+        opt_b.step()
+        drift.update((other.double() - grad.double()).abs(), grad, dict(opt_a.state[a]), setting)
+        apart = (b.detach().double() - a.detach().double()).abs()
+        beyond = max(beyond, float((apart - drift.params - 1e-7).max()))
+    return beyond
+
+
+@quick
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: torch.optim.AdamW(p, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1),
+        lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1),
+        lambda p: torch.optim.AdamW(p, lr=1e-2, amsgrad=True),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    ],
+    ids=["adamw", "adam-weight-decay", "amsgrad", "sgd-momentum", "sgd-nesterov"],
+)
+def test_the_allowance_is_never_less_than_what_the_optimizer_really_moved(make):
+    # Gradients 0 to 200% apart (a rank's rounding is far less): the parameters of two copies
+    # never end further apart than Drift allows, in any step.
+    assert max(_apart(make, seed=seed) for seed in range(4)) <= 0
