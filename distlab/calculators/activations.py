@@ -92,7 +92,7 @@ def llama_terms(m, *, seq_len: int, micro_batch: int, tp: int, cp: int, sp: bool
     if not last:
         terms.append(("stage output, kept for its backward", e * sbh // ts))
     if last:
-        vocab = m.vocab // t if t > 1 and loss_parallel else m.vocab
+        vocab = -(-m.vocab // t) if t > 1 and loss_parallel else m.vocab  # padded, as the weights
         terms += [("final RMSNorm", e * sbh // ts + 4 * s * b // ts),
                   ("output layer input", e * sbh), ("log-softmax (fp32)", 4 * s * b * vocab),
                   ("loss", 4)]  # fmt: skip
