@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import types
 
 import pytest
 import torch.distributed as dist
@@ -236,3 +237,39 @@ def _state_on_a_rank():
     from distlab import gpt
 
     return str(torch.get_default_dtype()), gpt.Attention.forward.__module__ == "distlab.gpt"
+
+
+def test_a_skeleton_that_imports_what_the_answer_needs_is_still_not_attempted(capsys):
+    """Notebook 14's skeletons import `fully_shard` above their `raise`: not attempted yet.
+    Using the import before the `raise` is a start: not finished."""
+
+    def skeleton(model, mesh):
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+
+        raise NotImplementedError
+
+    def started(model, mesh):
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model.net1, mesh=mesh)
+        raise NotImplementedError
+
+    def test(answer):
+        answer(None, None)
+
+    assert check("Exercise 1", test, skeleton) is False
+    assert capsys.readouterr().out.startswith(f"Exercise 1: {NOT_ATTEMPTED}.")
+    fake = types.SimpleNamespace(net1=None)
+
+    def test_started(answer):
+        import torch.distributed.fsdp as fsdp
+
+        real = fsdp.fully_shard
+        fsdp.fully_shard = lambda *a, **k: None
+        try:
+            answer(fake, None)
+        finally:
+            fsdp.fully_shard = real
+
+    assert check("Exercise 1", test_started, started) is False
+    assert "in started): it is not finished yet" in capsys.readouterr().out

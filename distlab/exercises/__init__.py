@@ -136,11 +136,22 @@ def _skeleton(fn) -> bool:
     import dis
 
     code = fn.__code__
-    own = set(code.co_varnames[code.co_argcount + code.co_kwonlyargcount:])
+    instructions = list(dis.get_instructions(code))
+    # The skeleton may import what the answer will need (`from torch.distributed.fsdp import
+    # fully_shard` above its `raise`): the imported names and the locals they are bound to.
+    imported, bound = set(), set()
+    for i, ins in enumerate(instructions):
+        if ins.opname in ("IMPORT_NAME", "IMPORT_FROM"):
+            imported.add(ins.argval)
+            after = next((n for n in instructions[i + 1:] if n.opname != "POP_TOP"), None)
+            if after is not None and after.opname in ("STORE_FAST", "STORE_NAME"):
+                bound.add(after.argval)
+    used = {i.argval for i in instructions if i.opname.startswith("LOAD_FAST")} & bound
+    own = set(code.co_varnames[code.co_argcount + code.co_kwonlyargcount:]) - bound
     nested = any(hasattr(c, "co_code") for c in code.co_consts)
-    branches = any("JUMP" in i.opname or i.opname == "FOR_ITER" for i in dis.get_instructions(code))
-    return (set(code.co_names) <= _SKELETON and own <= {"rank", "world", "world_size"}
-            and not nested and not branches)  # fmt: skip
+    branches = any("JUMP" in i.opname or i.opname == "FOR_ITER" for i in instructions)
+    return (set(code.co_names) - imported <= _SKELETON and own <= {"rank", "world", "world_size"}
+            and used <= _SKELETON and not nested and not branches)  # fmt: skip
 
 
 def _unfinished_text(name: str, line) -> str:

@@ -83,17 +83,24 @@ def _routing_cases():
 
 def _random_routing():
     """A case drawn anew at every check: a table of the cases above, copied from earlier
-    messages, does not pass."""
+    messages, does not pass. The draw is one where the capacity binds (some assignments kept,
+    some dropped) and where token order would keep other ones, so that no fixed fallback
+    (keep all, drop all, token order) passes it by luck."""
     import random
 
     import torch
 
     r = random.SystemRandom()
-    experts, tokens = r.randrange(2, 7), r.randrange(3, 16)
-    k = r.randrange(1, min(experts, 3) + 1)
-    picks = torch.tensor([r.sample(range(experts), k) for _ in range(tokens)])
-    capacity = r.randrange(0, tokens // 2 + 2)
-    return "drawn at random", picks, experts, capacity
+    while True:
+        experts, tokens = r.randrange(2, 7), r.randrange(4, 16)
+        k = r.randrange(2, min(experts, 3) + 1)
+        picks = torch.tensor([r.sample(range(experts), k) for _ in range(tokens)])
+        capacity = r.randrange(1, tokens // 2 + 2)
+        want = _choices_first(picks, experts, capacity)
+        if 0 < int(want.sum()) < want.numel() and not torch.equal(
+            want, _tokens_first(picks, experts, capacity)
+        ):
+            return "drawn at random", picks, experts, capacity
 
 
 def exercise_1(keep_first_choices_first) -> None:

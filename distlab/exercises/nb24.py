@@ -66,8 +66,9 @@ def exercise_1(mesh_groups) -> None:
     `SHAPES_1` and one shape drawn at every check."""
     import random
 
-    r = random.SystemRandom()
-    drawn = (r.randrange(1, 7), r.randrange(1, 7))  # a table of the shapes above does not pass
+    r = random.SystemRandom()  # a table of the shapes above does not pass:
+    drawn = r.choice([(dp, tp) for dp in range(1, 7) for tp in range(1, 7)
+                      if (dp, tp) not in SHAPES_1 and dp * tp > 1])  # fmt: skip
     for dp, tp in (*SHAPES_1, drawn):
         got = mesh_groups(dp, tp)
         shape = f"a {dp}x{tp} mesh (dp={dp}, tp={tp}, ranks 0-{dp * tp - 1})"
