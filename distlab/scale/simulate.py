@@ -109,9 +109,40 @@ def fake_world(rank: int, world_size: int):
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
-        yield
+        with _own_groups_only():
+            yield
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _own_groups_only():
+    """While simulating: a device mesh creates only the groups this rank belongs to.
+
+    On a real backend every rank takes part in creating every group, so `DeviceMesh` calls
+    ``new_group`` for each group of each dimension: 35,968 calls (1.1 s) for Llama-3 405B's
+    16,384 ranks, all but five for groups this rank is not in. The fake backend needs no such
+    agreement; the groups this rank is in are created as before, with the same ranks."""
+    from torch.distributed import device_mesh
+
+    mesh_class = device_mesh.DeviceMesh
+    original = mesh_class.__dict__["_init_one_process_group"]
+
+    def init_one(sub_layout, rank_map, dim_name, backend_override):
+        if sub_layout.numel() == dist.get_world_size() or backend_override != (None, None):
+            return original.__func__(sub_layout, rank_map, dim_name, backend_override)
+        rows = device_mesh._MeshLayout([sub_layout]).remap_to_tensor(rank_map)
+        mine = (rows == dist.get_rank()).any(dim=1).nonzero().flatten().tolist()
+        if not mine:
+            return None
+        group = dist.new_group(ranks=rows[mine[0]].tolist(), group_desc=f"mesh_{dim_name}")
+        return group.group_name
+
+    mesh_class._init_one_process_group = staticmethod(init_one)
+    try:
+        yield
+    finally:
+        mesh_class._init_one_process_group = original
 
 
 def _mesh(layout: Layout):
