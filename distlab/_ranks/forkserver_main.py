@@ -119,16 +119,17 @@ def _loop(sock: socket.socket, wake_r: int, wake_w: int) -> None:
         except (EOFError, OSError):
             break  # the kernel is gone; ranks notice on their own pipes and exit too
         if isinstance(msg, Canary):
-            send(sock, _run_canary(wake_r, wake_w))
+            send(sock, _run_canary(sock, wake_r, wake_w))
             continue
         if not isinstance(msg, Fork):
             for fd in fds:
                 os.close(fd)
             continue
-        if forksafety.strict() and forksafety.threads() > 1:
+        threads = forksafety.threads() if forksafety.strict() else 1
+        if threads > 1:
             for fd in fds:
                 os.close(fd)
-            send(sock, Unsafe(msg.token, f"the helper has {forksafety.threads()} threads "
+            send(sock, Unsafe(msg.token, f"the helper has {threads} threads "
                                          "(it must never have had more than one)"))
             continue
         pid = os.fork()
@@ -146,16 +147,16 @@ def _test_thread() -> None:
     threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 
 
-def _run_canary(wake_r: int, wake_w: int) -> CanaryDone:
+def _run_canary(sock, wake_r: int, wake_w: int) -> CanaryDone:
     """Fork a child that does what ranks do (`forksafety.canary`); judge its exit and stderr."""
     try:
-        return _canary_verdict(wake_r, wake_w)
+        return _canary_verdict(sock, wake_r, wake_w)
     finally:
         if os.environ.get(forksafety.ENV_TEST_THREAD) == "late":
             _test_thread()
 
 
-def _canary_verdict(wake_r: int, wake_w: int) -> CanaryDone:
+def _canary_verdict(sock, wake_r: int, wake_w: int) -> CanaryDone:
     if forksafety.threads() > 1:
         return CanaryDone(False, f"the helper has {forksafety.threads()} threads before forking")
     err_r, err_w = os.pipe()
@@ -163,10 +164,7 @@ def _canary_verdict(wake_r: int, wake_w: int) -> CanaryDone:
     if pid == 0:
         code = 70
         try:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os.close(wake_r)
-            os.close(wake_w)
+            _leave_server(sock, wake_r, wake_w)
             os.close(err_r)
             os.dup2(err_w, 2)
             code = forksafety.canary()
@@ -207,12 +205,7 @@ def _become_rank(sock, wake_r: int, wake_w: int, fds: list[int], msg: Fork) -> N
     """In the child of a fork: drop the server's state and run the rank. Never returns."""
     code = 70
     try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        sock.close()
-        os.close(wake_r)
-        os.close(wake_w)
+        _leave_server(sock, wake_r, wake_w)
         from .rank import rank_main
 
         code = rank_main(*fds, msg.spec)
@@ -224,6 +217,16 @@ def _become_rank(sock, wake_r: int, wake_w: int, fds: list[int], msg: Fork) -> N
             pass
     finally:
         os._exit(code)
+
+
+def _leave_server(sock, wake_r: int, wake_w: int) -> None:
+    """In a forked child: the server's signal handling and descriptors are not the child's."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sock.close()
+    os.close(wake_r)
+    os.close(wake_w)
 
 
 def _private_memory() -> list[int]:

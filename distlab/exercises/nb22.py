@@ -55,7 +55,7 @@ def _random_layout() -> list[list[int]]:
     a table of the layouts above, copied from earlier messages, does not pass."""
     import random
 
-    r = random.SystemRandom()
+    r, fixed = random.SystemRandom(), [layout for _, layout in _fixed_layouts()]
     while True:
         world = r.randrange(1, 6)
         positions = list(range(r.randrange(world, 4 * world + 6)))
@@ -63,7 +63,7 @@ def _random_layout() -> list[list[int]]:
         cuts = sorted(r.randrange(len(positions) + 1) for _ in range(world - 1))
         bounds = [0, *cuts, len(positions)]
         layout = [positions[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-        if layout not in [fixed for _, fixed in _fixed_layouts()]:  # by a rare chance
+        if layout not in fixed:  # by a rare chance
             return layout
 
 

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..calculators._text import CalculatorError
 from ..calculators.models import Transformer, get_model
-from .instruments import Collective, Collectives, LocalFlops
+from .instruments import Collectives, LocalFlops
 from .layout import Layout, stage_layers
 from .model import Llama
 from .plans import (
@@ -305,10 +305,7 @@ def simulate_rank(model, layout: Layout, stage: int = 0) -> RankReport:
     """
     config = get_model(model)
     with simulated(config, layout, stage) as (stage_model, mesh):
-        rank = _rank_of({"pp": stage}, layout.mesh_shape)
-        names = _group_names(mesh, stage_model.dp_mesh)
-        return _step(config, layout, stage, rank, layout.mesh_shape, names, stage_model,
-                     stage_model.layer_ids)
+        return _step(config, layout, stage, _group_names(mesh, stage_model.dp_mesh), stage_model)
 
 
 def _check(config, layout: Layout, stage: int) -> None:
@@ -330,8 +327,10 @@ def _check(config, layout: Layout, stage: int) -> None:
                               f"tp={layout.tp}: choose seq_len divisible by cp x tp")
 
 
-def _step(config, layout, stage, rank, dims, names, model, layers) -> RankReport:
+def _step(config, layout, stage, names, model) -> RankReport:
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    rank, dims = _rank_of({"pp": stage}, layout.mesh_shape), layout.mesh_shape
 
     b, s = layout.micro_batch, layout.seq_len // layout.cp
     first, last = stage == 0, stage == layout.pp - 1
@@ -373,7 +372,7 @@ def _step(config, layout, stage, rank, dims, names, model, layers) -> RankReport
     peak_bytes = _bytes(peak, "Total")
     return RankReport(
         model=config, layout=layout, rank=rank, coords=_coords_of(rank, dims), stage=stage,
-        layers=layers, numel=numel, params=p_bytes, grads=g_bytes, optimizer=opt,
+        layers=model.layer_ids, numel=numel, params=p_bytes, grads=g_bytes, optimizer=opt,
         optimizer_steps=steps, activations=activations, in_flight=_in_flight(layout, stage),
         peak_one_microbatch=int(peak_bytes), flops=flops.total // layout.accumulate, tokens=b * s,
         collectives=tuple(comms.calls),
@@ -460,5 +459,3 @@ def _in_flight(layout: Layout, stage: int) -> int:
     """Microbatches whose activations stage ``stage`` holds at once under 1F1B."""
     return min(layout.pp - stage, layout.microbatches or layout.pp)
 
-
-_ = Collective  # re-exported for readers of RankReport.collectives
