@@ -13,7 +13,7 @@ VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip
 # torch is pinned here and installed first; everything else, torch's dependencies included, is in
 # the lock. pip itself and uv (which only `make lock` uses) are pinned too.
-TORCH := torch==2.13.0
+TORCH := torch==2.14.1
 PIP_VERSION := 26.3
 UV_VERSION := 0.13.9
 LOCK := requirements/lock.txt

@@ -28,6 +28,7 @@ __all__ = [
     "memory",
     "timeline",
     "load_ipython_extension",
+    "torch_at_least",
     "versions",
     "__version__",
 ]
@@ -46,6 +47,17 @@ def versions() -> str:
 
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     return f"Python {python}, torch {torch.__version__.split('+')[0]}, distlab {__version__}"
+
+
+def torch_at_least(version: str) -> bool:
+    """Whether the installed torch is ``version`` (e.g. ``"2.14"``) or newer.
+
+    Where a lesson's behaviour changed between torch releases, the notebook shows what the
+    locked release does and, behind this check, what an older one did, so that a learner on
+    either can follow. Raises ValueError for a version that is not dotted numbers."""
+    from . import _torch
+
+    return _torch.at_least(version)
 
 
 def _warm_start() -> None:

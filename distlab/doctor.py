@@ -47,16 +47,23 @@ def check_python() -> Check:
 
 
 def check_torch() -> Check:
+    from . import _torch
+
     try:
         import torch
     except ImportError:
-        return Check(False, "torch is not installed", "run `make lab` (installs torch==2.13.0)")
-    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-    return Check(
-        (major, minor) >= (2, 4),
-        f"torch {torch.__version__}",
-        "upgrade torch to 2.4 or newer (the course is tested on 2.13.0)",
-    )
+        fix = f"run `make lab` (installs torch=={_torch.LOCKED})"
+        return Check(False, "torch is not installed", fix)
+    version = torch.__version__.split("+")[0]
+    major, minor = (int(x) for x in version.split(".")[:2])
+    if (major, minor) < (2, 4):
+        return Check(False, f"torch {torch.__version__}",
+                     f"upgrade torch to 2.4 or newer (the course is tested on {_torch.LOCKED})")
+    tried = ", ".join(_torch.TRIED)
+    note = "" if version == _torch.LOCKED else (
+        f" (the notebooks' outputs were made with {_torch.LOCKED}; tried on {tried}: the "
+        "README's 'Which torch' says what prints differently on yours)")
+    return Check(True, f"torch {torch.__version__}{note}", "")
 
 
 def check_gloo() -> Check:

@@ -4,11 +4,13 @@ install, transitive ones included, for every platform and Python the course supp
 `make lock` runs this on purpose (to take newer releases); nothing else ever resolves versions.
 Run it with the .venv's Python, in which torch is already installed.
 
-torch itself is not in the lock. The Makefile installs ``torch==2.13.0`` first (on the course
-machine a CPU build from a local file; from PyPI elsewhere), with this lock as its constraints,
-so torch's own dependencies are locked too. Resolving torch from PyPI would lock the CUDA build's
-dependencies (gigabytes of ``nvidia-*`` wheels) on Linux, so the resolver is told to leave torch
-out and is given the CPU build's dependencies, read from the installed torch, in its place.
+torch itself is not in the lock. The Makefile installs ``torch==2.14.1`` first (on the course
+machine a CUDA build from this machine's disk, which runs on the CPU; from PyPI elsewhere, a CUDA
+build on Linux and a CPU build on macOS), with this lock as its constraints, so torch's own
+dependencies are locked too: the resolver is told to leave torch out and is given the installed
+torch's dependencies (on Linux the ``nvidia-*`` CUDA libraries and triton, marked for Linux) in
+its place. ``--keep`` keeps every pin that still fits, so that a new torch moves only what it
+needs; without it every package moves to its newest release.
 
 uv resolves (``uv pip compile --universal``): one file with environment markers for Linux, macOS
 and Windows (WSL2 is Linux) and Python 3.10 and later; pip installs from it.
@@ -84,6 +86,9 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=LOCK)
     parser.add_argument("--diff", action="store_true",
                         help="only print how the installed packages differ from the lock")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep every pin the lock already has where it still fits (a new "
+                             "torch: only its own dependencies move); default: take the newest")
     args = parser.parse_args()
     if args.diff:
         return diff()
@@ -104,9 +109,9 @@ def main() -> int:
     command = [
         args.uv, "pip", "compile", "pyproject.toml", "--extra", "dev",
         str(deps.relative_to(ROOT)), "--override", str(override.relative_to(ROOT)),
-        "--no-emit-package", "torch", "--universal", "--python-version", "3.10", "--upgrade",
+        "--no-emit-package", "torch", "--universal", "--python-version", "3.10",
         "--no-header", "--quiet", "-o", str(args.output),
-    ]  # fmt: skip
+    ] + ([] if args.keep else ["--upgrade"])  # fmt: skip
     subprocess.run(command, cwd=ROOT, check=True)
     body = args.output.read_text()
     args.output.write_text(HEADER.format(torch=torch_version) + body)

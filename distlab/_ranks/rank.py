@@ -24,6 +24,7 @@ import traceback
 import types
 from multiprocessing.connection import Connection
 
+from .. import _torch
 from . import protocol
 from .protocol import Began, Exit, Failure, RankSpec, Reply, Run, Started
 
@@ -298,9 +299,7 @@ class _Rank:
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=meet, **kwargs
         )
-        set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # private, 2.2+
-        if meet != timeout and set_timeout is not None:
-            set_timeout(timeout)
+        if meet != timeout and _torch.set_pg_timeout(timeout):
             store.set_timeout(timeout)
 
     def finish(self) -> None:

@@ -26,6 +26,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from .. import _torch
 from .model import MoE
 
 __all__ = ["apply_checkpointing", "apply_context_parallel", "apply_expert_parallel",
@@ -161,7 +162,8 @@ def apply_checkpointing(stage, how: str):
             wrapped = checkpoint_wrapper(
                 block, checkpoint_fn=checkpoint, use_reentrant=False,
                 context_fn=functools.partial(create_selective_checkpoint_contexts,
-                                             selective_policy))  # fmt: skip
+                                             selective_policy),
+                **_torch.sac_options())  # fmt: skip
         stage.layers[name] = wrapped
 
 
