@@ -65,11 +65,11 @@ def _warm_start() -> None:
     if os.environ.get("DISTLAB_NO_WARM"):
         return
     try:
-        from ._ranks import forkserver, spawn, starter
+        from ._ranks import forkserver, spawn, start_path
 
-        if starter.default_method() == "forkserver":
+        if start_path.default_method() == "forkserver":
             forkserver.warm()
-        elif starter.default_method() == "spawn":
+        elif start_path.default_method() == "spawn":
             spawn.warm()
     except Exception:  # never break `import distlab`; launch() reports problems properly
         pass

@@ -165,20 +165,22 @@ def resolve_backend(backend, world_size: int) -> str | None:
 
 
 def check_start_method(method) -> str:
-    """``None`` -> the default (`distlab._ranks.starter.default_method`); else checked."""
-    from ._ranks import starter
+    """``None`` -> the default (`distlab._ranks.start_path.default_method`); else checked."""
+    from ._ranks import start_path, starter
 
     if sys.platform == "win32":
         raise OSError("distlab runs ranks on Linux and macOS. On Windows, use WSL2.")
     where = ""
     if method is None:
-        method = starter.default_method()
-        if os.environ.get(starter.ENV_VAR, "").strip():
-            where = f" (from ${starter.ENV_VAR})"
-    if method not in starter.METHODS:
-        raise ValueError(f"start_method must be one of {starter.METHODS}, got {method!r}{where}.")
+        method = start_path.default_method()
+        if os.environ.get(start_path.ENV_VAR, "").strip():
+            where = f" (from ${start_path.ENV_VAR})"
+    if method not in start_path.METHODS:
+        raise ValueError(
+            f"start_method must be one of {start_path.METHODS}, got {method!r}{where}.")
     if method == "forkserver" and not starter.forkserver_supported():
         raise ValueError(
-            f"start_method='forkserver'{where} is available on Linux only; use 'spawn'."
+            f"start_method='forkserver'{where} is available on Linux and macOS only (it needs "
+            "socket.send_fds); use 'spawn'."
         )
     return method

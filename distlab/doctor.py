@@ -191,9 +191,9 @@ def check_gpus() -> Check:
 
 def check_fork_safety() -> Check:
     """Which start path ranks take, and under macOS's rules the canary's verdict."""
-    from ._ranks import forksafety, forkserver, starter
+    from ._ranks import forksafety, forkserver, start_path
 
-    method = starter.default_method()
+    method = start_path.default_method()
     reason = forksafety.unsafe_reason()
     if reason is not None:
         return Check(False, f"ranks spawn (fresh interpreters, slower): forking was found "

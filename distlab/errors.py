@@ -9,9 +9,11 @@
 - `ClusterBroken`: a cluster's rank is stuck or dead, so the cluster needs a restart.
 - `ShipError`: something given to distlab cannot be sent to the ranks (it does not pickle).
 - `StartError`: the ranks (or the helper that starts them) could not be started.
+- `distlab.calculators.CalculatorError` (defined with the calculators): a calculator's or a
+  simulation's input that cannot work.
 
 Each also derives from the built-in error a learner would expect (RuntimeError, TimeoutError,
-TypeError), so existing ``except`` clauses keep working.
+TypeError, ValueError), so existing ``except`` clauses keep working.
 
 How they are shown: every public entry point is wrapped in `entry_point`, which drops distlab's
 own frames from the traceback, and IPython draws them with `DistlabError._render_traceback_`,

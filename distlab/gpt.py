@@ -25,8 +25,8 @@ two layouts, and a gradcheck would flag it. Norms are ``LayerNorm`` (GPT-2's, an
 Korthikanti et al. 2022 count in their activation formula, which
 `distlab.activations.predict` reproduces), not RMSNorm. Parameter names are
 ``tok.weight``, ``pos.weight``, ``layers.0.ln1.weight``, ``layers.0.attn.wq.weight``, ...,
-``norm.weight``, ``head.weight``. The model knows nothing about distribution: the notebooks
-build every layout around it, and `distlab.gradcheck` compares them with `reference_run`.
+``norm.weight``, ``head.weight``. The model itself is not distributed: the notebooks build
+every layout around it, and `distlab.gradcheck` compares them with `reference_run`.
 `tp_plan` is the one tensor-parallel plan written down here, because
 `distlab.activations.predict` predicts exactly what it keeps.
 """

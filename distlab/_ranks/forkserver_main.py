@@ -24,20 +24,8 @@ import threading  # importing it starts no thread; a test hook starts one (forks
 import time
 import traceback
 
-from . import forksafety
-from .protocol import (
-    Canary,
-    CanaryDone,
-    Exited,
-    Failed,
-    Fork,
-    Forked,
-    Ready,
-    Settled,
-    Unsafe,
-    recv,
-    send,
-)
+from . import forksafety, protocol
+from .protocol import recv, send
 from .starter import PRELOAD  # imported before `Ready`, so every rank starts with them loaded
 
 #: Imported once the server has been idle for `_IDLE` seconds, one module at a time, until the
@@ -71,7 +59,7 @@ def serve(sock_fd: int) -> None:
         for name in PRELOAD:
             importlib.import_module(name)
     except BaseException:
-        send(sock, Failed(traceback.format_exc()))
+        send(sock, protocol.Failed(traceback.format_exc()))
         return
 
     # SIGCHLD wakes the select loop through a pipe, so exits are reported promptly.
@@ -82,7 +70,7 @@ def serve(sock_fd: int) -> None:
     if forksafety.strict() and os.environ.get(forksafety.ENV_TEST_THREAD) == "early":
         _test_thread()
     try:
-        send(sock, Ready(os.getpid()))
+        send(sock, protocol.Ready(os.getpid()))
         _loop(sock, wake_r, wake_w)
     except OSError:
         pass  # the kernel went away (e.g. `python -c "import distlab"` exited at once)
@@ -107,7 +95,7 @@ def _loop(sock: socket.socket, wake_r: int, wake_w: int) -> None:
                 _collapse(huge, [sock, wake_r])
             if not late and huge == []:
                 settled = True
-                send(sock, Settled())
+                send(sock, protocol.Settled())
             continue
         if wake_r in readable:
             os.read(wake_r, 4096)
@@ -118,10 +106,10 @@ def _loop(sock: socket.socket, wake_r: int, wake_w: int) -> None:
             msg, fds = recv(sock)
         except (EOFError, OSError):
             break  # the kernel is gone; ranks notice on their own pipes and exit too
-        if isinstance(msg, Canary):
+        if isinstance(msg, protocol.Canary):
             send(sock, _run_canary(sock, wake_r, wake_w))
             continue
-        if not isinstance(msg, Fork):
+        if not isinstance(msg, protocol.Fork):
             for fd in fds:
                 os.close(fd)
             continue
@@ -129,7 +117,7 @@ def _loop(sock: socket.socket, wake_r: int, wake_w: int) -> None:
         if threads > 1:
             for fd in fds:
                 os.close(fd)
-            send(sock, Unsafe(msg.token, f"the helper has {threads} threads "
+            send(sock, protocol.Unsafe(msg.token, f"the helper has {threads} threads "
                                          "(it must never have had more than one)"))
             continue
         pid = os.fork()
@@ -138,7 +126,7 @@ def _loop(sock: socket.socket, wake_r: int, wake_w: int) -> None:
         for fd in fds:
             os.close(fd)
         children.add(pid)
-        send(sock, Forked(msg.token, pid))
+        send(sock, protocol.Forked(msg.token, pid))
         _reap(sock, children)
 
 
@@ -147,7 +135,7 @@ def _test_thread() -> None:
     threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 
 
-def _run_canary(sock, wake_r: int, wake_w: int) -> CanaryDone:
+def _run_canary(sock, wake_r: int, wake_w: int) -> protocol.CanaryDone:
     """Fork a child that does what ranks do (`forksafety.canary`); judge its exit and stderr."""
     try:
         return _canary_verdict(sock, wake_r, wake_w)
@@ -156,9 +144,10 @@ def _run_canary(sock, wake_r: int, wake_w: int) -> CanaryDone:
             _test_thread()
 
 
-def _canary_verdict(sock, wake_r: int, wake_w: int) -> CanaryDone:
+def _canary_verdict(sock, wake_r: int, wake_w: int) -> protocol.CanaryDone:
     if forksafety.threads() > 1:
-        return CanaryDone(False, f"the helper has {forksafety.threads()} threads before forking")
+        return protocol.CanaryDone(
+            False, f"the helper has {forksafety.threads()} threads before forking")
     err_r, err_w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -196,12 +185,12 @@ def _canary_verdict(sock, wake_r: int, wake_w: int) -> CanaryDone:
     if status != 0 or marker:
         why = marker or (err.strip().splitlines() or ["no message"])[-1]
         how = "did not finish in 60 s" if status is None else f"exited with {status}"
-        return CanaryDone(False, f"a forked test process {how}: {why}")
-    return CanaryDone(True, "a forked child ran a matmul, a NumPy dot, a loopback lookup and a "
-                            "one-rank gloo group cleanly")
+        return protocol.CanaryDone(False, f"a forked test process {how}: {why}")
+    return protocol.CanaryDone(True, "a forked child ran a matmul, a NumPy dot, a loopback "
+                                     "lookup and a one-rank gloo group cleanly")
 
 
-def _become_rank(sock, wake_r: int, wake_w: int, fds: list[int], msg: Fork) -> None:
+def _become_rank(sock, wake_r: int, wake_w: int, fds: list[int], msg: protocol.Fork) -> None:
     """In the child of a fork: drop the server's state and run the rank. Never returns."""
     code = 70
     try:
@@ -276,6 +265,6 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
         if done:
             children.discard(pid)
             try:
-                send(sock, Exited(pid, status))
+                send(sock, protocol.Exited(pid, status))
             except OSError:
                 pass

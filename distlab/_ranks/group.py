@@ -29,7 +29,7 @@ from ..errors import (
     exit_text,
     order_failures,
 )
-from . import forksafety, loopback, protocol, ship, starter
+from . import forksafety, loopback, protocol, ship, start_path
 from .proc import RankProcess
 from .protocol import Began, Exit, RankSpec, Reply, Run, Started
 
@@ -86,7 +86,7 @@ class RankGroup:
         self.procs: list[RankProcess] = []
         self._next_id = 0
         self._lines = ship.LineShipper()
-        self.starter = starter.get(start_method)
+        self.starter = start_path.get(start_method)
         self.strict_fork = self.starter.method == "forkserver" and forksafety.macos_rules()
         base_env = {
             "WORLD_SIZE": str(world_size),
@@ -101,7 +101,7 @@ class RankGroup:
             self.procs = self._start(base_env, pg_timeout)  # all of them, or an error and none
         except forksafety.ForkUnsafe as e:  # macOS's rules: the spawn path takes over, for good
             forksafety.mark_unsafe(str(e))
-            self.starter, self.strict_fork = starter.get("spawn"), False
+            self.starter, self.strict_fork = start_path.get("spawn"), False
             self.procs = self._start(base_env, pg_timeout)
 
     def _start(self, base_env: dict[str, str], pg_timeout: float) -> list[RankProcess]:

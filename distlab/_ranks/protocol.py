@@ -19,9 +19,20 @@ sends `STACK` and the rank's watch thread answers with its main thread's stack (
 Kernel <-> fork server, over a ``SOCK_SEQPACKET`` Unix socket (`send` / `recv`; a rank's three
 file descriptors travel with `Fork` as SCM_RIGHTS):
 
-    kernel -> server   Fork(token, spec)
-    server -> kernel   Ready(pid), Settled(), Failed(traceback), Forked(token, pid),
-                       Exited(pid, status)
+    kernel -> server   Fork(token, spec)       fork a rank
+                       Canary()                under macOS's rules: fork a child that proves
+                                               forking is safe (`forksafety.canary`)
+    server -> kernel   Ready(pid)              torch imported: it takes requests
+                       Settled()               its idle-time imports and huge pages are done
+                       Failed(traceback)       it could not start
+                       Forked(token, pid)      the rank of that `Fork` runs
+                       Unsafe(token, reason)   under macOS's rules it did not fork, and why
+                       CanaryDone(ok, detail)  the canary's verdict
+                       Exited(pid, status)     a rank it forked has exited
+
+Kernel -> a spare interpreter (the spawn path), over its ``SOCK_SEQPACKET`` Unix socket, once:
+
+    kernel -> spare    Become(spec)            be this rank (its three fds travel with it)
 
 `RankSpec` is what a new rank needs to know, whichever way it was started.
 """
@@ -195,6 +206,16 @@ class Canary:
 class CanaryDone:
     ok: bool
     detail: str  #: what failed (exit status, Apple's message), or what passed
+
+
+# -- kernel -> spare ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Become:
+    """Kernel -> a spare interpreter: be rank ``spec.rank`` (its fds travel with the message)."""
+
+    spec: RankSpec
 
 
 _MAX_MSG = 1 << 20

@@ -32,7 +32,7 @@ import threading
 from collections import deque
 
 from ..errors import StartError
-from .protocol import RankSpec, recv, send
+from .protocol import Become, RankSpec, recv, send
 from .starter import BOOT, PRELOAD, Starter, interpreter_env
 
 #: Most spares kept ready: each holds torch in memory (~145 MiB of its own).
@@ -42,7 +42,6 @@ MAX_SPARES = 4
 MAX_SPAWNED = 6
 #: Spares kept before any launch has asked for more (a notebook's first launch).
 FIRST_SPARES = 2
-
 
 
 class _Spare:
@@ -62,7 +61,7 @@ class _Spare:
 
     def give(self, spec: RankSpec, fds: list[int]) -> None:
         """Make it rank ``spec.rank`` (it may still be importing: it reads this afterwards)."""
-        send(self.sock, (spec, len(fds)), fds)
+        send(self.sock, Become(spec), fds)
         self.sock.close()
 
 
@@ -175,11 +174,11 @@ def spare_main(sock_fd: int) -> None:
         except Exception:
             break  # the rank will import it itself and report the error where it is seen
     try:
-        (spec, _n), fds = recv(sock)
+        become, fds = recv(sock)
     except (EOFError, OSError):
         os._exit(0)  # the kernel has gone, or let the spare go
     sock.close()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from .rank import rank_main
 
-    os._exit(rank_main(*fds, spec))
+    os._exit(rank_main(*fds, become.spec))

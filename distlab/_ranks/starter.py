@@ -1,13 +1,7 @@
-"""How rank processes come into being: the interface both start paths implement, and the choice
-between them.
+"""The interface both start paths implement (`Starter`), and what they share: the modules every
+rank needs imported (`PRELOAD`), a new interpreter's environment and its boot line.
 
-* ``"forkserver"`` (`distlab._ranks.forkserver`, Linux): a warm helper process that has imported
-  torch forks each rank in milliseconds.
-* ``"spawn"`` (`distlab._ranks.spawn`, macOS, or when asked for): each rank is a fresh
-  interpreter, taken from a pool of spares that have imported torch while the learner read.
-
-`distlab._ranks.group.RankGroup` only talks to a `Starter`, so the rest of distlab behaves the
-same whichever path started the ranks.
+Knows nothing about which path is taken: `distlab._ranks.start_path` chooses.
 """
 
 from __future__ import annotations
@@ -19,8 +13,6 @@ import sys
 from abc import ABC, abstractmethod
 
 from .protocol import RankSpec
-
-METHODS = ("forkserver", "spawn")
 
 #: What every rank needs imported before it is given its rank, on both start paths: the fork
 #: server imports it once and forks ranks from it; each spare imports it while the learner reads.
@@ -34,10 +26,6 @@ PRELOAD = (
     "distlab._ranks.ship",
     "distlab._ranks.rank",
 )
-
-#: Set to "spawn" (or "forkserver") to choose the start path for every launch and cluster that
-#: does not name one: ``DISTLAB_START_METHOD=spawn make test`` runs the course as a Mac would.
-ENV_VAR = "DISTLAB_START_METHOD"
 
 
 class Starter(ABC):
@@ -77,19 +65,6 @@ def forkserver_supported() -> bool:
         socket, "send_fds")
 
 
-def default_method() -> str:
-    """The start path when none is named: ``$DISTLAB_START_METHOD`` if set, else the fork
-    server where it is supported and has not been found unsafe in this kernel, else spawn."""
-    from . import forksafety
-
-    chosen = os.environ.get(ENV_VAR, "").strip()
-    if chosen:
-        return chosen
-    if forkserver_supported() and forksafety.unsafe_reason() is None:
-        return "forkserver"
-    return "spawn"
-
-
 def interpreter_env() -> dict[str, str]:
     """The environment of a new interpreter that will run ranks (the fork server, or a spawned
     rank): the kernel's, with these additions."""
@@ -112,18 +87,3 @@ BOOT = (
     "import sys, json, os; sys.path[:0] = json.loads(os.environ.pop('DISTLAB_SYS_PATH'));"
     "{code}"
 )
-
-
-def get(method: str) -> Starter:
-    """The starter for ``method`` (already checked by `distlab._config.check_start_method`).
-    Once forking has been found unsafe in this kernel (`forksafety`), "forkserver" gets the
-    spawn starter: a cluster made before the switch restarts on the spawn path too."""
-    from . import forksafety
-
-    if method == "forkserver" and forksafety.unsafe_reason() is None:
-        from . import forkserver
-
-        return forkserver.get()
-    from . import spawn
-
-    return spawn.get()

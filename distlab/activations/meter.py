@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_leaves
 
+from .. import _torch
+from .._torch_dispatch import tree_leaves
 from ..gradcheck.recorder import clean_name
 from .result import OUTSIDE, Activations
 
@@ -15,10 +16,9 @@ def _span(t):
     """(storage, first byte, end byte) of the memory a saved tensor addresses. The storage is
     named by its identity, not its address: FSDP frees and re-allocates parameter memory, and
     a new tensor may get an address that a saved one had."""
-    local = getattr(t, "_local_tensor", None)  # a DTensor: this rank's shard is what it keeps
-    t = local if local is not None else t
+    t = _torch.local_tensor(t)  # a DTensor: this rank's shard is what it keeps
     try:
-        key = t.untyped_storage()._cdata
+        key = _torch.storage_key(t)
     except (RuntimeError, NotImplementedError):  # a tensor without storage (fake, functional)
         return ("id", id(t)), 0, t.numel() * t.element_size()
     if t.numel() == 0:
@@ -131,7 +131,7 @@ class Meter:
 
     def _pre(self, name, module):
         def hook(mod, args, kwargs):
-            if torch._C._current_graph_task_id() != -1:  # a checkpoint recomputing in backward
+            if _torch.in_backward():  # a checkpoint recomputing in backward
                 return None
             foreign = _foreign_hooks(self._pack_fn)
             grad = torch.is_grad_enabled()
@@ -157,7 +157,7 @@ class Meter:
 
     def _post(self, name):
         def hook(mod, args, output):
-            if torch._C._current_graph_task_id() != -1:
+            if _torch.in_backward():
                 return None
             while self._stack:  # pop this module (and any that raised inside it)
                 if self._stack.pop()[0] == name:
@@ -169,8 +169,5 @@ class Meter:
 
 def _foreign_hooks(ours) -> bool:
     """Are other saved-tensor hooks (a checkpoint's, save_on_cpu's) innermost right now?"""
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    if top is None:  # private API gone in some future torch: no checkpoint attribution
-        return False
-    hooks = top(False)
-    return hooks is not None and hooks[0] != ours
+    innermost = _torch.innermost_pack_hook()  # None also where torch no longer tells: then
+    return innermost is not None and innermost != ours  # no checkpoint attribution

@@ -3,7 +3,8 @@
 Bytes are shown exactly (``1,234,567``) and in GB of 10^9 bytes, as the ZeRO paper counts them
 (``GiB``, 2^30, only where a chart's axis says so). Times are rounded to 3 significant digits,
 fractions are shown exactly (``3/11``) and as a percentage. Errors are `CalculatorError`\\ s (a
-`ValueError`) whose message says what was wrong and what to choose instead.
+`distlab.DistlabError` and a `ValueError`) whose message says what was wrong and what to choose
+instead.
 
 Knows nothing about what is being computed.
 """
@@ -13,11 +14,14 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+from ..errors import DistlabError
+
 GB = 10**9  #: the ZeRO paper's gigabyte (its Figure 1: 7.5 billion parameters x 16 bytes = 120 GB)
 
 
-class CalculatorError(ValueError):
-    """A calculator's input that cannot work; the message says what to choose instead."""
+class CalculatorError(DistlabError, ValueError):
+    """A calculator's input that cannot work; the message says what to choose instead. A
+    `ValueError` too, so ``except ValueError`` keeps working."""
 
 
 def divisors(n: int) -> list[int]:

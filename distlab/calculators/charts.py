@@ -6,7 +6,9 @@ Colours mean what they mean everywhere in distlab: `_chart.PARTS` for parameters
 optimizer state and activations, `_chart.COMM` for communication, `_chart.COMPUTE` (light for a
 forward, dark for a backward) for a pipeline's work.
 
-Knows nothing about the formulas: the calculator modules compute, this draws.
+Knows nothing about the formulas: the calculator modules compute, this draws what they return
+(their results' ``chart()`` methods hand themselves over; a `CollectiveTime` computes its own
+curve, with ``at``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,7 @@ import math
 from .. import _chart
 from ._axes import axes, labels
 from ._text import GB, fraction, gb, human_bytes, seconds
-from .comm import ALGORITHMS, CollectiveTime, StepComm, collective_time
-from .memory import PARTS, MemoryEstimate
 from .models import describe
-from .pipeline import Schedule
 
 __all__ = ["CollectiveChart", "MemoryChart", "ScheduleChart", "StepCommChart"]
 
@@ -34,7 +33,7 @@ class MemoryChart(_chart.Chart):
         capacity: a device's memory in bytes (default 80 GB, an H100), or None for no line.
     """
 
-    def __init__(self, estimate: MemoryEstimate, capacity: int | None = 80 * GB):
+    def __init__(self, estimate, capacity: int | None = 80 * GB):
         self.estimate = estimate
         self.capacity = capacity
 
@@ -50,7 +49,7 @@ class MemoryChart(_chart.Chart):
         fig, ax = axes(fig, (6.4, 3.4), (0.1, 0.14, 0.6, 0.7))
         bottom = [0.0] * 4
         alpha = [1.0 if z == est.zero else 0.45 for z in range(4)]
-        for part in PARTS:
+        for part in _chart.PARTS:  # the estimate's parts, bottom up, each in its colour
             values = [getattr(e, part) / GB for e in stages]
             colours = [to_rgba(_chart.PARTS[part], a) for a in alpha]
             ax.bar(range(4), values, 0.62, bottom=bottom, color=colours, edgecolor=_chart.INK,
@@ -73,7 +72,7 @@ class MemoryChart(_chart.Chart):
         name = est.model.name or describe(est.model)
         ax.set_title(f"{name}: dp {est.dp} x tp {est.tp} x pp {est.pp} x cp {est.cp}, "
                      f"{est.precision}", fontsize=9, color=_chart.INK, loc="left")
-        _chart.key(ax, [(p, _chart.PARTS[p]) for p in reversed(PARTS)], loc="center left",
+        _chart.key(ax, [(p, _chart.PARTS[p]) for p in reversed(_chart.PARTS)], loc="center left",
                    bbox_to_anchor=(1.03, 0.5), ncol=1)
         return fig
 
@@ -88,7 +87,7 @@ class ScheduleChart(_chart.Chart):
     dark one, numbered with its microbatch (when there is room); with v > 1, each of a rank's
     stages in its own colour. Text: the schedule's."""
 
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule):
         self.schedule = schedule
 
     def __repr__(self) -> str:
@@ -140,7 +139,7 @@ class CollectiveChart(_chart.Chart):
     same collective on the same ranks and link; a dot at this size and algorithm. Text: the
     time's."""
 
-    def __init__(self, time: CollectiveTime):
+    def __init__(self, time):
         self.time = time
 
     def __repr__(self) -> str:
@@ -151,9 +150,8 @@ class CollectiveChart(_chart.Chart):
         t = self.time
         fig, ax = axes(fig, (6.4, 3.4), (0.12, 0.15, 0.84, 0.72))
         low = high = t.seconds
-        for algorithm in ALGORITHMS:
-            times = [collective_time(t.op, s, t.ranks, t.link, algorithm).seconds
-                     for s in _SIZES]
+        for algorithm in _STYLE:  # comm.ALGORITHMS
+            times = [t.at(s, algorithm).seconds for s in _SIZES]
             style, colour = _STYLE[algorithm]
             ax.plot(_SIZES, times, style, color=colour, linewidth=1.5, label=algorithm)
             low, high = min(low, *times), max(high, *times)
@@ -188,7 +186,7 @@ class StepCommChart(_chart.Chart):
     def __init__(self, steps):
         self.steps = list(steps)
         for s in self.steps:
-            if not isinstance(s, StepComm):
+            if not all(hasattr(s, a) for a in ("layout", "calls", "seconds", "sent")):
                 raise TypeError(f"StepCommChart takes StepComm objects, got {type(s).__name__}")
 
     def __repr__(self) -> str:

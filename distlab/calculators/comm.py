@@ -121,6 +121,11 @@ class CollectiveTime:
 
     __str__ = __repr__
 
+    def at(self, size: int, algorithm: str | None = None) -> CollectiveTime:
+        """The same collective on the same ranks and link, of ``size`` bytes (and with
+        ``algorithm``, default this one's): `collective_time` with the other arguments kept."""
+        return collective_time(self.op, size, self.ranks, self.link, algorithm or self.algorithm)
+
 
 def collective_time(op, size, ranks, link="NVLink 4 (H100 SXM)", algorithm="ring"):
     """The alpha-beta time of collective ``op`` of ``size`` bytes on ``ranks`` ranks.

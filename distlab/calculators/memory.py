@@ -24,11 +24,15 @@ size h, a heads and tensor-parallel size t:
     full recomputation (keep each layer's input):     2 sbh          (2 sbh / t with SP: the
                                                                       input is sharded with it)
 
+and a fourth mode, "op-selective" (torchtitan's kind, not in the paper): keep the outputs of
+matmuls, attention and collectives, recompute the rest (`activations.llama_terms` lists them).
+
 Adaptations, all ours: context parallelism (cp) keeps s/cp tokens per device, so s becomes s/cp
 throughout (ring attention works block by block). A mixture of experts sends each token through
 top_k experts, so the MLP's share (19 of the 34: 3 unsplit, 16 split) counts top_k times.
-Pipeline parallelism runs 1F1B with at least pp microbatches, so the first stage (the device
-reported) holds pp microbatches of its layers, as the paper counts it. The paper counts a GPT
+Pipeline parallelism runs 1F1B, so stage r holds min(pp - r, microbatches) microbatches of its
+layers at once: the first stage (reported unless ``stage`` says otherwise) holds pp of them, as
+the paper counts it. The paper counts a GPT
 layer (2-byte activations, 1-byte dropout masks, a 4h GELU MLP); we keep its count for Llama's
 SwiGLU MLP and grouped-query attention, and double it for fp32. The embedding and output
 layer's activations (the logits) and one recomputed layer in the backward are not counted.
@@ -36,7 +40,8 @@ layer's activations (the logits) and one recomputed layer in the backward are no
 For the course's MLPs, activations are what autograd saves: each Linear's input, plus the output
 of a final ReLU/tanh/sigmoid, per row (a row is one of micro_batch x seq_len tokens).
 
-Knows nothing about drawing (`charts` draws an estimate) or widgets.
+Draws nothing itself: `MemoryEstimate.chart` hands the estimate to `charts`. Knows nothing about
+widgets.
 """
 
 from __future__ import annotations
@@ -74,7 +79,8 @@ class MemoryEstimate:
     """What one device holds, in bytes (``params``, ``grads``, ``optimizer``, ``activations``;
     ``total`` is their sum), with the inputs that gave it. ``numel`` is the number of parameters
     the device holds a share of (its tensor-, pipeline- and expert-parallel shard, before ZeRO).
-    The device is the first pipeline stage's. Build one with `memory_per_device`."""
+    The device is pipeline stage ``stage``'s (0, the first, unless asked otherwise). Build one
+    with `memory_per_device`."""
 
     model: object
     dp: int
@@ -158,7 +164,10 @@ class MemoryEstimate:
             lines.append(
                 f"activations: seq_len {self.seq_len} x micro_batch {self.micro_batch}, {how}{sp}"
             )
-        stage = " (first pipeline stage)" if self.pp > 1 else ""
+        stage = ""
+        if self.pp > 1:
+            stage = " (first pipeline stage)" if self.stage == 0 else (
+                f" (pipeline stage {self.stage} of 0 to {self.pp - 1})")
         lines.append(f"this device holds a share of {self.numel:,} parameters{stage}")
         width = max(len(f"{self.total:,}"), 5)
         lines.append(f"{'':12}{'bytes':>{width}}  {'GB':>9}")
@@ -224,7 +233,9 @@ def memory_per_device(
         precision: bytes per parameter (see `PRECISIONS`): "fp32" (4 + 4 + 8), "bf16-mixed"
             (2 + 2 + 12, the ZeRO paper's), "bf16-fp32-grads" (2 + 4 + 12, Megatron-LM's) or
             "bf16-fsdp2" (4 + 4 + 8: FSDP2's fp32 shards; bf16 only while gathered).
-        checkpointing: activation recomputation: "none", "selective" or "full".
+        checkpointing: activation recomputation: "none", "selective" (recompute attention's
+            core), "op-selective" (keep matmuls', attention's and collectives' outputs,
+            recompute the rest) or "full" (keep each layer's input).
         seq_len, micro_batch: tokens per sequence and sequences per microbatch.
         sequence_parallel: with tp > 1, also split the norms' and dropouts' activations
             (Megatron-LM's sequence parallelism).

@@ -16,7 +16,8 @@ runs its actions in order, each as soon as the rank is free and its input exists
 stage's forward; the next stage's backward, or for the last stage its own forward); sending is
 free; a forward of a rank's layers costs 1 and a backward 2, split evenly among its v stages.
 
-Knows nothing about models or memory in bytes, or about drawing (`charts`).
+Knows nothing about models or memory in bytes. Draws nothing itself: `Schedule.chart` hands the
+schedule to `charts`.
 """
 
 from __future__ import annotations

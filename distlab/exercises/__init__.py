@@ -11,7 +11,7 @@ Every exercise in the notebooks has the same three cells:
    collapsed state (GitHub, nbviewer) gives nothing away by showing it.
 
 The graders live here, one module per notebook (`distlab.exercises.nb04` holds notebook 04's),
-so that each can be tested against the wrong answers learners write (tests/exercise_mistakes/):
+so that each can be tested against the wrong answers learners write (tests/mistakes/):
 a grader finds what is right by running the real thing where it can, checks types and lengths
 before values (`distlab.exercises.expect`), never trusts a number the answer computed itself,
 and raises AssertionError with a message in the learner's terms.

@@ -9,6 +9,7 @@ after each start) cannot issue the next before the late rank has arrived.
 
 from __future__ import annotations
 
+from .. import _torch
 from . import expect
 
 #: How late the last rank arrives (seconds).
@@ -76,10 +77,11 @@ def _mean_async_on_rank(mean_async):
     tensors = _inputs_1(dist.get_rank())
     _late_last_rank()
     fut, calls, took = _all_reduce_calls(lambda: mean_async(tensors))
-    if not isinstance(fut, torch._C.Future):  # what get_future(), then() and collect_all give
+    future = _torch.future_type()  # what get_future(), then() and collect_all give
+    if not isinstance(fut, future):
         return ("not a future", expect.describe(fut)), calls, took
     value = fut.wait()
-    if isinstance(value, list) and value and all(isinstance(v, torch._C.Future) for v in value):
+    if isinstance(value, list) and value and all(isinstance(v, future) for v in value):
         return ("futures", None), calls, took  # collect_all's own value: futures do not pickle
     if not (isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value)):
         value = expect.describe(value)

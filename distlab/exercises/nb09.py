@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 
+from .. import _torch
 from . import expect
 
 
@@ -126,8 +127,8 @@ def exercise_2(all_reduce_max_class) -> None:
 def _loss_on_rank_0(backward_with_loss_on_rank_0):
     import torch
     import torch.distributed as dist
-    import torch.distributed._functional_collectives as funcol
 
+    funcol = _torch.functional_collectives()
     x = (torch.ones(5, 5) + dist.get_rank()).requires_grad_()
     backward_with_loss_on_rank_0(funcol.all_reduce(x, "sum", dist.group.WORLD))
     return x.grad

@@ -10,6 +10,7 @@ stops it first and says so.
 
 from __future__ import annotations
 
+from .. import _torch
 from . import expect
 
 WORLD = 2
@@ -111,11 +112,10 @@ _NO_FUTURE = "distlab: the comm hook did not return a Future"
 
 def _guarded(hook):
     """``hook`` with its result checked before DDP sees it (a None crashes torch 2.13)."""
-    import torch
 
     def guarded(state, bucket):
         fut = hook(state, bucket)
-        if not isinstance(fut, torch._C.Future):
+        if not isinstance(fut, _torch.future_type()):
             raise TypeError(f"{_NO_FUTURE}: {expect.describe(fut)}")
         return fut
 

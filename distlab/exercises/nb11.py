@@ -8,6 +8,7 @@ hangs come back as verdicts that name the parameter or the flag. A hang is calle
 
 from __future__ import annotations
 
+from .. import _torch
 from . import expect
 
 WORLD = 2
@@ -42,7 +43,7 @@ def _frozen_on_rank(model_class):
         except RuntimeError as e:
             return grads, (it, _first_line(e)), None
         grads.append(model.module.used.weight.grad.clone())
-    return grads, None, model._get_ddp_logging_data()["num_parameter_tensors"]
+    return grads, None, _torch.ddp_parameter_tensors(model)
 
 
 def exercise_1(model_class) -> None:

@@ -11,6 +11,7 @@ one process (`distlab.gradcheck`).
 
 from __future__ import annotations
 
+from .. import _torch
 from . import expect
 
 #: Seconds a check may take on the cluster: new meshes and a step of a 2-D model, busy ranks.
@@ -203,7 +204,7 @@ def _train_2d(local_batch):
 
     from .. import gpt, gradcheck
 
-    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    logging.getLogger(_torch.REDISTRIBUTE_LOGGER).setLevel(logging.ERROR)
     mesh = _mesh()
     model = parallelize_module(gpt.GPT(gpt.Config(), seed=0), mesh["tp"], gpt.tp_plan())
     for layer in model.layers:

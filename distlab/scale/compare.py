@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..calculators._text import GB
 from ..calculators.memory import MemoryEstimate, memory_per_device
 from .lay_out import LaidOut
-from .simulate import RankReport
+from .report import RankReport
 
 __all__ = ["PARTS", "Comparison", "against_calculator", "calculator_for"]
 

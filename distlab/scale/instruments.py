@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
+
+from .._torch import resolve_process_group
+from .._torch_dispatch import TorchDispatchMode, tree_leaves
 
 __all__ = ["Collective", "Collectives", "LocalFlops"]
 
@@ -151,7 +152,7 @@ class Collectives(TorchDispatchMode):
         name = next((a for a in tree_leaves((args, kwargs)) if isinstance(a, str)
                      and a in self.names), None)  # fmt: skip
         if name is not None:
-            return self.names[name], dist.distributed_c10d._resolve_process_group(name).size()
+            return self.names[name], resolve_process_group(name).size()
         return "?", 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..calculators._text import GB
 from ..calculators.models import get_model
 from .layout import Layout, stage_layers
-from .simulate import RankReport
+from .report import RankReport
 
 __all__ = ["LaidOut", "distinct_stages", "lay_out"]
 

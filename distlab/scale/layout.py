@@ -135,12 +135,6 @@ class Layout:
             dims["dp"] = self.dp
         return dims | {"cp": self.cp, "tp": self.tp}
 
-    @property
-    def in_flight(self) -> int:
-        """Microbatches whose activations the first stage holds at once (1F1B: pp, or fewer
-        microbatches per step)."""
-        return min(self.pp, self.microbatches or self.pp)
-
     def text(self) -> str:
         dims = " x ".join(f"{k} {v}" for k, v in self.mesh_shape.items() if v > 1) or "1 rank"
         accumulate = ""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.distributed._functional_collectives as funcol
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -91,6 +90,7 @@ def apply_context_parallel(stage, cp_mesh, seq_len: int):
     their gradients. ``rope_offset`` is this rank's first position."""
     cp = cp_mesh.size()
     group = cp_mesh.get_group()
+    funcol = _torch.functional_collectives()
     gather = functools.partial(funcol.all_gather_single_autograd, gather_dim=2, group=group)
     for block in stage.layers.values():
         block.attention.kv_gather = gather
@@ -103,6 +103,7 @@ def apply_expert_parallel(stage, ep_mesh):
     balanced)."""
     ep = ep_mesh.size()
     group = ep_mesh.get_group()
+    funcol = _torch.functional_collectives()
 
     def exchange(rows):  # (experts, rows each, hidden): send each expert's rows to its rank
         out = funcol.all_to_all_single(rows.reshape(-1, rows.shape[-1]).contiguous(), None,
@@ -132,12 +133,8 @@ def selective_policy(ctx, op, *args, **kwargs):
     norms, rotary embeddings, SiLU and products (cheap, memory-bound) in backward."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    keep = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default,
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-            torch.ops.aten._scaled_dot_product_flash_attention.default,
-            torch.ops.aten._scaled_dot_product_efficient_attention.default,
-            torch.ops._c10d_functional.reduce_scatter_tensor.default,
-            torch.ops._c10d_functional.all_gather_into_tensor.default}  # fmt: skip
+    keep = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, *_torch.sdpa_ops(),
+            *_torch.functional_collective_ops()}
     return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -152,14 +149,14 @@ def apply_checkpointing(stage, how: str):
         for block in stage.layers.values():
             block.attention.checkpoint_core = True
         return
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
     for name, block in list(stage.layers.items()):
         if how == "full":
-            wrapped = checkpoint_wrapper(block, checkpoint_fn=checkpoint, use_reentrant=False)
+            wrapped = _torch.checkpoint_wrapper(block, checkpoint_fn=checkpoint,
+                                                use_reentrant=False)
         else:
-            wrapped = checkpoint_wrapper(
+            wrapped = _torch.checkpoint_wrapper(
                 block, checkpoint_fn=checkpoint, use_reentrant=False,
                 context_fn=functools.partial(create_selective_checkpoint_contexts,
                                              selective_policy),
@@ -181,7 +178,7 @@ def apply_fsdp(stage, dp_mesh, *, reshard: bool, precision: str, expert_mesh=Non
     blocks = list(stage.layers.values())
     for i, block in enumerate(blocks):
         unit_reshard = reshard and i < len(blocks) - 1
-        inner = getattr(block, "_checkpoint_wrapped_module", block)
+        inner = _torch.unwrap_checkpoint(block)
         if isinstance(inner.feed_forward, MoE) and expert_mesh is not None:
             fully_shard(inner.feed_forward.experts, mesh=expert_mesh, mp_policy=policy,
                         reshard_after_forward=unit_reshard)

@@ -13,6 +13,7 @@ import os
 import tempfile
 import threading
 
+from .. import _torch
 from .._config import process_group_rank
 from .trace import SYNC, WAIT
 
@@ -39,7 +40,7 @@ class _Recording:
                 "timeline.recording() is already recording on this rank: recordings do not "
                 "nest. Put the code you want to see inside the one `with` block."
             )
-        if torch.autograd._profiler_enabled():
+        if _torch.profiler_enabled():
             raise RuntimeError(
                 "A torch.profiler is already running on this rank; distlab.timeline uses one "
                 "itself. Leave your own `with torch.profiler.profile()` block first (or use "
@@ -101,13 +102,12 @@ def _record_waits(on: bool) -> None:
     them itself, and without them the time a thread sits blocked inside an op (a hook doing a
     blocking all_reduce inside ``AccumulateGrad``) would count as compute. Waits in C++ (DDP's
     Reducer) happen outside any op and need no marking."""
-    import torch
     import torch.distributed as dist
     from torch.autograd.profiler import record_function
 
     # torch._C.Future: what get_future(), then() and collect_all return; torch.futures.Future
     # subclasses it and only calls up, so patching the base records every future's wait once.
-    classes = [torch._C.Future]
+    classes = [_torch.future_type()]
     if dist.is_available():
         classes.append(dist.distributed_c10d.Work)
     for cls in classes:

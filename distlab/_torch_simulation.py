@@ -1,0 +1,194 @@
+"""The door to torch's private code that `distlab.scale` simulates a rank with.
+
+A fake process group, fake tensors, DeviceMesh's group creation, DTensor's caches and its shape
+propagation, and MemTracker: none of it is public, all of it changes between torch releases. A
+torch upgrade that breaks `distlab.scale` is fixed here. Each entry says what it is, since when
+torch has it (in the form used here), and what replaces it publicly, if anything.
+
+Knows nothing about layouts or models: `distlab.scale` says what to simulate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+
+@contextlib.contextmanager
+def fake_world(rank: int, world_size: int):
+    """A fake default process group: this process plays ``rank`` of ``world_size``; every
+    collective returns at once, and a device mesh creates only the groups this rank is in
+    (`own_groups_only`). Destroyed on leaving.
+
+    - ``torch.testing._internal.distributed.fake_pg.FakeStore``: private to PyTorch's own tests
+      (importing the module registers the "fake" backend); since torch 2.1. No public
+      replacement (``torch.distributed._local_tensor``, 2.9+, is the other private way).
+
+    Raises RuntimeError when this process already has a default process group.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError(
+            "a process group is already initialized in this process: the simulation needs the "
+            "default group for its fake ranks. Run it in the notebook's kernel (or a fresh "
+            "process), not on a rank of distlab.launch or a Cluster"
+        )
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        with own_groups_only():
+            yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def own_groups_only():
+    """While simulating: a device mesh creates only the groups this rank belongs to.
+
+    On a real backend every rank takes part in creating every group, so `DeviceMesh` calls
+    ``new_group`` for each group of each dimension: 35,968 calls (1.1 s) for Llama-3 405B's
+    16,384 ranks, all but five for groups this rank is not in. The fake backend needs no such
+    agreement; the groups this rank is in are created as before, with the same ranks.
+
+    - ``DeviceMesh._init_one_process_group(sub_layout, rank_map, dim_name, backend_override)``
+      and ``device_mesh._MeshLayout``: private, in this form since torch 2.9 (meshes as CuTe
+      layouts). torch 2.15 passes one more argument: anything past the four is passed on to
+      torch's own function where it creates the group, and not needed where this does (the
+      fake backend takes any group). No public replacement.
+    """
+    import torch.distributed as dist
+    from torch.distributed import device_mesh
+
+    mesh_class = device_mesh.DeviceMesh
+    original = mesh_class.__dict__["_init_one_process_group"]
+
+    def init_one(sub_layout, rank_map, dim_name, backend_override, *args, **kwargs):
+        if sub_layout.numel() == dist.get_world_size() or backend_override != (None, None):
+            return original.__func__(sub_layout, rank_map, dim_name, backend_override, *args,
+                                     **kwargs)
+        rows = device_mesh._MeshLayout([sub_layout]).remap_to_tensor(rank_map)
+        mine = (rows == dist.get_rank()).any(dim=1).nonzero().flatten().tolist()
+        if not mine:
+            return None
+        group = dist.new_group(ranks=rows[mine[0]].tolist(), group_desc=f"mesh_{dim_name}")
+        return group.group_name
+
+    mesh_class._init_one_process_group = staticmethod(init_one)
+    try:
+        yield
+    finally:
+        mesh_class._init_one_process_group = original
+
+
+def flatten(mesh, name: str):
+    """One dimension named ``name`` made of the dimensions of ``mesh`` (a slice of a mesh).
+
+    - ``DeviceMesh._flatten(name)``: private, since torch 2.6 (torchtitan calls it too). No
+      public replacement in the releases the course supports.
+    """
+    return mesh._flatten(name)
+
+
+def forget_dtensor_caches() -> None:
+    """Empty DTensor's caches of sharding decisions: keyed by mesh shapes, they would hand the
+    next fake process group the meshes (and group names) of the last one. (No gc.collect: with
+    the caches empty nothing reaches the old meshes, and in a notebook's kernel a collection
+    cost 0.3-0.6 s per simulation.)
+
+    - ``DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding`` and
+      ``ShardingPropagator._propagate_tensor_meta_cached`` (``functools.lru_cache``\\ s), and
+      ``torch.distributed.tensor._redistribute``'s ``_gen_transform_infos`` cache and
+      ``clear_redistribute_planner_cache``: private, since DTensor moved to
+      ``torch.distributed.tensor`` (2.5) or later; all in 2.13 to 2.15.
+    - ``torch._C._clear_DTensor_sharding_propagator_cache``: the C++ fast path's cache.
+    No public replacement: DTensor offers no way to empty its caches.
+    """
+    import torch
+    from torch.distributed.tensor import DTensor, _redistribute
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ fast path's cache
+
+
+@contextlib.contextmanager
+def unseen_shape_propagation():
+    """DTensor learns an op's output shape by running the op once more on fake tensors of the
+    *global* shapes (once per op and shapes). That run is not part of the rank's work: without
+    this, a FLOP counter counts a whole unsharded matmul and a memory tracker sees a whole
+    unsharded output. Here it runs with every dispatch mode set aside.
+
+    - ``ShardingPropagator._propagate_tensor_meta_non_cached``: private, since torch 2.5.
+    - ``torch.utils._python_dispatch._disable_current_modes``: private, since torch 2.0.
+    No public replacement.
+    """
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def quiet(self, op_schema):
+        with _disable_current_modes():
+            return original(self, op_schema)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = quiet
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+
+def fake_tensors():
+    """A mode in which new tensors are fake: shapes, dtypes and devices, no memory, no values
+    (real tensors from outside are allowed in).
+
+    - ``torch._subclasses.fake_tensor.FakeTensorMode``: private module, since torch 2.0 (what
+      ``torch.compile`` and ``torch.export`` trace with). No public replacement; the meta
+      device (``torch.device("meta")``) is the public cousin, without devices or strides'
+      behaviour.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def rank_peak_tracker():
+    """torch's MemTracker, less its per-module peaks: it updates every module's peak after every
+    op (ops x modules: 40 s for Llama-3 8B's 32 layers on one rank); one rank's peak is enough.
+    Used as MemTracker is: ``track_external(model, optimizer)``, ``with tracker:``,
+    ``reset_mod_stats()``, ``get_tracker_snapshot("peak")``.
+
+    - ``torch.distributed._tools.mem_tracker.MemTracker``: private, since torch 2.5; its
+      ``_update_peak_stats``, ``_curr_mem_snap``, ``_peak_mem`` and ``_peak_mem_snap`` too. No
+      public replacement (on a GPU, ``torch.cuda.memory._record_memory_history`` and
+      ``torch.cuda.max_memory_allocated`` measure real memory).
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class RankPeak(MemTracker):
+        def _update_peak_stats(self, peak_state) -> None:
+            for device, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snap["Total"]:
+                    self._peak_mem[device] = snap["Total"]
+                    self._peak_mem_snap[device] = dict(snap)
+
+    return RankPeak()
+
+
+def activation_bytes(tracker, leave_out: set[int]) -> int:
+    """The bytes a MemTracker files as activations now, less the storages whose ``id`` is in
+    ``leave_out``.
+
+    - ``MemTracker._WINFO`` (storage -> its info: ``reftype``, ``mem_consumed``): private, since
+      torch 2.5 (PyTorch's own tests read it too). No public replacement.
+    """
+    total = 0
+    for storage, (info, _) in list(tracker._WINFO.items()):
+        if str(info.reftype).endswith("ACT") and id(storage) not in leave_out:
+            total += info.mem_consumed
+    return total

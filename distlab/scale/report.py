@@ -1,0 +1,59 @@
+"""`RankReport`: what one simulated rank holds and does in one step, as `simulate` reads it off."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .layout import Layout
+
+__all__ = ["RankReport"]
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What one simulated rank holds and does in one step (bytes, FLOPs, collectives).
+
+    ``rank`` and ``coords`` (its place on the mesh), ``stage`` (pipeline stage) and ``layers``
+    it holds; ``numel`` parameters it holds a shard of; ``params``, ``grads``, ``optimizer``:
+    bytes of its local shards after the step (Adam's per-tensor step counters in
+    ``optimizer_steps``, apart); ``activations``: bytes saved by one microbatch's forward, and
+    ``in_flight`` microbatches held at once; ``peak``: the most bytes alive at once;
+    ``flops``: forward and backward of one microbatch; ``tokens``: tokens this rank processes
+    per microbatch; ``collectives``: every call of the step (all its accumulated microbatches),
+    in order."""
+
+    model: object
+    layout: Layout
+    rank: int
+    coords: dict
+    stage: int
+    layers: tuple
+    numel: int
+    params: int
+    grads: int
+    optimizer: int
+    optimizer_steps: int
+    activations: int
+    in_flight: int
+    peak_one_microbatch: int
+    flops: int
+    tokens: int
+    collectives: tuple = field(default=(), repr=False)
+
+    @property
+    def peak(self) -> int:
+        """The peak of one microbatch's step plus the activations of the others in flight."""
+        return self.peak_one_microbatch + (self.in_flight - 1) * self.activations
+
+    @property
+    def states(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    def comm(self) -> dict:
+        """``{(dim, kind): (calls, bytes)}`` over the step's collectives."""
+        calls, nbytes = Counter(), Counter()
+        for c in self.collectives:
+            calls[c.dim, c.kind] += 1
+            nbytes[c.dim, c.kind] += c.nbytes
+        return {key: (calls[key], nbytes[key]) for key in sorted(calls)}
