@@ -53,10 +53,10 @@ PATHS = {
 
 def measure(extra: dict, repeat: int) -> dict:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("DISTLAB_AS_MACOS", "DISTLAB_START_METHOD")}  # fmt: skip
+           if k not in ("DISTLAB_AS_MACOS", "DISTLAB_START_METHOD")}
     env.update(extra)
     out = subprocess.run([sys.executable, "-c", MEASURE, str(repeat)], env=env,
-                         capture_output=True, text=True, check=True, timeout=600)  # fmt: skip
+                         capture_output=True, text=True, check=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -128,8 +128,8 @@ MUTATIONS = [
     Mutation(
         "world_size=0 accepted",
         "distlab/_config.py",
-        "    if world_size < 1:",
-        "    if world_size < 0:",
+        'check_int(world_size, "world_size", low=1,',
+        'check_int(world_size, "world_size", low=0,',
         ("tests/test_launcher.py",),
     ),
     Mutation(
@@ -227,14 +227,14 @@ MUTATIONS = [
     ),
     Mutation(
         "ZeRO shards over the data-parallel ranks only, not dp x cp",
-        "distlab/calculators/memory.py",
+        "distlab/calculators/memory_estimate.py",
         'shards = {"dense": (dense, dp * cp), "expert": (expert, dp * cp // ep)}',
         'shards = {"dense": (dense, dp), "expert": (expert, dp // ep)}',
         ("tests/test_calculators.py",),
     ),
     Mutation(
         "a mixture of experts' insides counted for one expert per token, not top_k",
-        "distlab/calculators/activations.py",
+        "distlab/calculators/activation_terms.py",
         '("experts\' insides", 4 * e * s * b * k * i)',
         '("experts\' insides", 4 * e * s * b * i)',
         ("tests/test_calculators.py",),
@@ -296,6 +296,48 @@ MUTATIONS = [
         "step_diff = self._buf",
         ("tests/test_gradcheck.py",),
     ),
+    Mutation(
+        "DISTLAB_AS_MACOS=0 turns the macOS rules on",
+        "distlab/_ranks/forksafety.py",
+        'os.environ.get(ENV_AS_MACOS, "").strip() not in ("", "0")',
+        "os.environ.get(ENV_AS_MACOS) is not None",
+        ("tests/test_forksafety.py",),
+    ),
+    Mutation(
+        "guard_mps leaves mps.is_built unguarded",
+        "distlab/_ranks/forksafety.py",
+        "    mps.is_built = refuse",
+        "    pass",
+        ("tests/test_forksafety.py",),
+    ),
+    Mutation(
+        "ship sends every file in the kernel's line cache, not only the notebook's cells",
+        "distlab/_ranks/ship.py",
+        "entry[1] is None and entry[2]",
+        "entry[2]",
+        ("tests/test_ship.py",),
+    ),
+    Mutation(
+        "Adam's allowance for v forgets the squared difference of the gradients",
+        "distlab/gradcheck/optimizers.py",
+        "(2 * g.abs() * dg + dg * dg)",
+        "(2 * g.abs() * dg)",
+        ("tests/test_gradcheck.py",),
+    ),
+    Mutation(
+        "AMSGrad's allowance divides by v, not its running maximum",
+        "distlab/gradcheck/optimizers.py",
+        'v = state.get("max_exp_avg_sq") if amsgrad else state.get("exp_avg_sq")',
+        'v = state.get("exp_avg_sq")',
+        ("tests/test_gradcheck.py",),
+    ),
+    Mutation(
+        "an ep that does not divide a mixture's experts is accepted",
+        "distlab/calculators/memory_estimate.py",
+        "        if experts % ep:",
+        "        if False:",
+        ("tests/test_calculators.py",),
+    ),
 ]
 
 
@@ -309,9 +351,9 @@ def _run(m: Mutation) -> tuple[bool, float, str]:
         start = time.monotonic()
         out = subprocess.run(
             [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-             "-o", "addopts=", *m.tests],  # fmt: skip
+             "-o", "addopts=", *m.tests],
             cwd=ROOT, capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
+        )
         took = time.monotonic() - start
         last = (out.stdout.strip().splitlines() or [""])[-1]
         return out.returncode != 0, took, last
@@ -328,7 +370,7 @@ def main() -> None:
         caught, took, last = _run(m)
         rows.append((n, m, caught, took, last))
         print(f"{n:>2} {'caught  ' if caught else 'SURVIVED'} {took:6.0f} s  {m.what}  ({last})",
-              flush=True)  # fmt: skip
+              flush=True)
     score = sum(caught for *_, caught, _, _ in rows)
     print(f"\n{score} of {len(rows)} mutations caught ({score / len(rows):.0%})")
 

@@ -38,9 +38,9 @@ def peak(path: str) -> tuple[int, float]:
         shutil.copy(path, copy)
         proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
-             "--inplace", "--ExecutePreprocessor.timeout=600", copy],  # fmt: skip
+             "--inplace", "--ExecutePreprocessor.timeout=600", copy],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         root = psutil.Process(proc.pid)
         start, best, when = time.monotonic(), 0, 0.0
         while proc.poll() is None:
@@ -58,7 +58,7 @@ def main() -> None:
     for path in sys.argv[1:]:
         best, when = peak(path)
         print(f"{os.path.basename(path):50} {method:10} peak {best / 2**20:7.0f} MiB "
-              f"at {when:5.1f} s", flush=True)  # fmt: skip
+              f"at {when:5.1f} s", flush=True)
 
 
 if __name__ == "__main__":

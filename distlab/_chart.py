@@ -2,7 +2,7 @@
 class that turns a figure into PNG bytes once and shows them in Jupyter.
 
 Every chart (`distlab.pictures.Picture`, `distlab.timeline.Timeline`, `distlab.memory.Table`
-and `Comparison`, the calculators) is a `Chart`: it implements ``figure()`` and inherits
+and `SideBySide`, the calculators) is a `Chart`: it implements ``figure()`` and inherits
 ``png()`` and ``_repr_png_``. Colours come from here only, so a colour means the same thing in
 every notebook (compute is blue, communication orange, waiting red-orange and hatched).
 
@@ -40,7 +40,7 @@ LABELS = (
     "#56B4E9", "#009E73", "#F0E442", "#CC79A7", "#999999", "#BBBBBB",
     "#9467BD", "#E377C2", "#BCBD22", "#17BECF", "#8C564B", "#98DF8A",
     "#C5B0D5", "#F7B6D2", "#DBDB8D", "#9EDAE5", "#C49C94", "#C7C7C7",
-)  # fmt: skip
+)
 
 #: PNG resolution; shown at 100 pixels per inch, so it stays sharp on HiDPI screens.
 DPI = 150

@@ -103,15 +103,36 @@ def default_threads(world_size: int) -> int:
     return max(1, cpu_cores() // world_size)
 
 
+def check_int(value, name: str, *, low: int | None = None, high: int | None = None,
+              noun: str = "an int", hint: str = "", error: type[Exception] = ValueError,
+              type_error: type[Exception] | None = None, message: str | None = None) -> int:
+    """``value`` as an int if it is a whole number (not a bool: ``True`` is an int to Python, never
+    to a learner) from ``low`` to ``high`` (either may be None: no limit); else an error that
+    says what ``name`` must be and what came.
+
+    The message reads ``"{name} must be {noun} >= {low}, got {value!r}{hint}"`` (``<= {high}``
+    with only a high limit, ``", {low} to {high}"`` with both), or ``message`` where the caller
+    has a better sentence. ``error`` is raised for a value out of range, ``type_error`` (default:
+    ``error``) for one that is not a whole number. Every "an int, not a bool, in range" check in
+    distlab is this one."""
+    whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if whole and (low is None or value >= low) and (high is None or value <= high):
+        return int(value)
+    if message is None:
+        if low is not None and high is not None:
+            limits = f", {low} to {high}"
+        elif low is not None:
+            limits = f" >= {low}"
+        else:
+            limits = "" if high is None else f" <= {high}"
+        message = f"{name} must be {noun}{limits}, got {value!r}{hint}"
+    raise (error if whole else (type_error or error))(message)
+
+
 def check_world_size(world_size) -> int:
-    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
-        raise TypeError(
-            f"world_size must be an int (the number of ranks to start), got "
-            f"{type(world_size).__name__} {world_size!r}. Example: world_size=4."
-        )
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}.")
-    return int(world_size)
+    return check_int(world_size, "world_size", low=1, type_error=TypeError, message=(
+        f"world_size must be an int, at least 1 (the number of ranks to start), got "
+        f"{type(world_size).__name__} {world_size!r}. Example: world_size=4."))
 
 
 def check_timeout(timeout, name: str = "timeout") -> float:

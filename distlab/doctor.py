@@ -198,7 +198,7 @@ def check_fork_safety() -> Check:
     if reason is not None:
         return Check(False, f"ranks spawn (fresh interpreters, slower): forking was found "
                             f"unsafe here: {reason}", "report this, with the line above",
-                     required=False)  # fmt: skip
+                     required=False)
     if method != "forkserver":
         return Check(True, f"start path: {_PATHS.get(method, method)}")
     if not forksafety.macos_rules():

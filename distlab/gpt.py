@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._config import check_int
+
 __all__ = [
     "GPT",
     "Config",
@@ -90,8 +92,7 @@ class Config:
     def __post_init__(self):
         for name in ("vocab", "dim", "n_layers", "n_heads", "seq_len", "mlp_ratio"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Config.{name} must be an int >= 1, got {value!r}")
+            check_int(value, f"Config.{name}", low=1)
         if self.dim % self.n_heads:
             raise ValueError(
                 f"Config.dim ({self.dim}) must be divisible by n_heads ({self.n_heads}): each "
@@ -320,8 +321,7 @@ def batch(step: int, batch_size: int, config: Config | None = None, seed: int = 
     if not isinstance(config, Config):
         raise TypeError(f"config must be a distlab.gpt.Config, got {type(config).__name__}")
     for name, value, low in (("step", step, 0), ("batch_size", batch_size, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        check_int(value, name, low=low)
     successor = torch.randperm(config.vocab, generator=torch.Generator().manual_seed(seed))
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step + 1)
     stream = torch.empty(batch_size, config.seq_len + 1, dtype=torch.int64)
@@ -384,8 +384,7 @@ def reference_run(
     """
     from .gradcheck import Recorder
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    check_int(steps, "steps", low=1)
     config = Config() if config is None else config
     model = GPT(config, seed=seed)
     opt = make_optimizer(model.parameters(), optimizer, lr)

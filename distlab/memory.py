@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 from . import _output
 from ._chart import BACKGROUND, INK, PARTS, Chart, key
-from ._config import process_group_rank
+from ._config import check_int, process_group_rank
 from .errors import entry_point
 
-__all__ = ["Comparison", "Table", "Usage", "collect", "compare", "measure", "record"]
+__all__ = ["SideBySide", "Table", "Usage", "collect", "compare", "measure", "record"]
 
 _PARTS = ("params", "grads", "optimizer")
 _ALL_PARTS = (*_PARTS, "activations")
@@ -184,12 +184,9 @@ def _activation_bytes(activations) -> int:
     if activations is None:
         return 0
     total = getattr(activations, "total", activations)
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-        raise TypeError(
-            "activations must be what a distlab.activations.Meter measured (meter.result) or a "
-            f"number of bytes, got {type(activations).__name__}"
-        )
-    return total
+    return check_int(total, "activations", low=0, error=TypeError, message=(
+        "activations must be what a distlab.activations.Meter measured (meter.result) or a "
+        f"number of bytes, got {type(activations).__name__}"))
 
 
 def _peak_rss() -> int:
@@ -238,10 +235,8 @@ class Table(Chart):
                     "usage = distlab.memory.measure(model, optimizer), then pass "
                     "cluster.pull('usage')"
                 )
-        if psi is not None and (isinstance(psi, bool) or not isinstance(psi, int) or psi < 1):
-            raise ValueError(
-                f"psi must be the model's number of parameters (an int >= 1), got {psi!r}"
-            )
+        if psi is not None:
+            check_int(psi, "psi", low=1, noun="the model's number of parameters (an int)")
         self.usages = usages
         self.results = results  #: what the function returned on each rank (`record` only)
         self.title = title
@@ -328,7 +323,7 @@ class Table(Chart):
         return fig
 
 
-class Comparison(Chart):
+class SideBySide(Chart):
     """Several `Table`\\ s side by side (build with `compare`): one group per table, a stacked
     bar (params, grads, optimizer) per rank. Text: one line per table and rank group."""
 
@@ -475,7 +470,7 @@ def _run_measured(fn, args, kwargs):
     return value, _last
 
 
-def compare(*tables: Table) -> Comparison:
+def compare(*tables: Table) -> SideBySide:
     """Show several `Table`\\ s (e.g. DDP, ZeRO-1, FSDP) in one chart: per table, one stacked
     bar per rank.
 
@@ -487,7 +482,7 @@ def compare(*tables: Table) -> Comparison:
     for i, t in enumerate(tables):
         if not isinstance(t, Table):
             raise TypeError(f"argument {i} is a {type(t).__name__}, not a memory.Table")
-    return Comparison(tables)
+    return SideBySide(tables)
 
 
 def _unit(largest: float) -> tuple[str, float]:

@@ -31,6 +31,7 @@ import numbers
 from dataclasses import dataclass
 
 from ._chart import BACKGROUND, FAINT, INK, MISSING, OKABE_ITO, Chart
+from ._config import check_int
 
 __all__ = ["Cell", "Picture", "collective"]
 
@@ -195,7 +196,7 @@ class Picture(Chart):
             ax.text(
                 x, top - 1.45, label, ha="left", va="center", fontsize=10, color=FAINT,
                 style="italic",
-            )  # fmt: skip
+            )
 
         for rank in range(self.world_size):
             y = -rank * _ROW  # cells span y-1 .. y
@@ -319,8 +320,7 @@ def collective(
         TypeError: ``before``/``after`` is not a list or tuple (wrap a single rank's tensor in a
             list: ``[t]``), or ``max_cells`` is not an int >= 1.
     """
-    if not isinstance(max_cells, int) or isinstance(max_cells, bool) or max_cells < 1:
-        raise TypeError(f"max_cells must be an int >= 1, got {max_cells!r}")
+    check_int(max_cells, "max_cells", low=1, error=TypeError)
     sides = {}
     for side, entries in (("before", before), ("after", after)):
         if not isinstance(entries, (list, tuple)):

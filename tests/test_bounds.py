@@ -49,6 +49,6 @@ def test_bad_input_is_named():
     "limit, text",
     [(1e-5, "1e-5"), (5e-4, "5e-4"), (2.5e-7, "2.5e-7"), (1e-3, "1e-3"), (0.01, "0.01"),
      (0.25, "0.25"), (100, "100"), (1e6, "1e6"), (0, "0"), (-1e-5, "-1e-5")],
-)  # fmt: skip
+)
 def test_limits_are_written_as_a_person_writes_them(limit, text):
     assert limit_text(limit) == text

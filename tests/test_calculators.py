@@ -147,7 +147,7 @@ def test_pipeline_stages_hold_their_microbatches_in_flight_and_cp_splits_the_seq
     assert first.with_(microbatches=2).in_flight == 2
     # context parallelism: every rank holds half the tokens, but gathers all keys and values
     one, two = (dict(memory_per_device("Llama-3 8B", cp=cp, seq_len=4096).terms)
-                for cp in (1, 2))  # fmt: skip
+                for cp in (1, 2))
     assert two["q"] * 2 == one["q"] and two["k, v"] == one["k, v"]
     assert two["SwiGLU"] * 2 == one["SwiGLU"]
 
@@ -158,11 +158,20 @@ def test_attention_written_out_keeps_the_softmax_and_selective_recompute_drops_i
     s, a, layers = 4096, 32, 32
     assert written["softmax"] == 2 * a * s * s * layers and "softmax" not in flash
     again = memory_per_device("Llama-3 8B", seq_len=4096, attention="written",
-                              checkpointing="selective")  # fmt: skip
+                              checkpointing="selective")
     assert "softmax" not in dict(again.terms)
     # with flash attention, recomputing the core saves only the log-sum-exp
     sel = memory_per_device("Llama-3 8B", seq_len=4096, checkpointing="selective")
     assert sum(flash.values()) - sel.per_microbatch == flash["log-sum-exp"]
+
+
+def test_an_ep_that_does_not_divide_the_experts_is_refused_with_the_sizes_that_do():
+    # The one mixture-of-experts path no preset reached: ep divides dp (6) but not the 8
+    # experts, which would otherwise share out 8 // 3 = 2 experts per rank and lose two.
+    with pytest.raises(CalculatorError, match=r"ep=3 does not divide the 8 experts of Mixtral "
+                                              r"8x7B: choose ep in 1, 2, 4, 8"):
+        memory_per_device("Mixtral 8x7B", dp=6, ep=3)
+    assert memory_per_device("Mixtral 8x7B", dp=6, ep=2).ep == 2
 
 
 def test_mixture_of_experts_shares_out_its_experts_over_ep():
@@ -248,7 +257,7 @@ def test_smallest_tp_at_which_llama3_70b_peaks_under_80_gb_with_fsdp_and_full_re
     # Notebook 15's exercise 4: dp=8, ZeRO-3, full checkpointing, 8192 tokens. At tp=2 the
     # total (78.2 GB) fits and the peak (82.4 GB) does not.
     ests = {tp: memory_per_device("Llama-3 70B", dp=8, tp=tp, zero=3, checkpointing="full",
-                                  seq_len=8192) for tp in (1, 2, 4, 8)}  # fmt: skip
+                                  seq_len=8192) for tp in (1, 2, 4, 8)}
     assert [tp for tp, e in ests.items() if e.fits()] == [4, 8]
     assert ests[2].total < 80 * GB < ests[2].peak
 
@@ -349,14 +358,14 @@ def test_a_vocabulary_that_tp_does_not_divide_is_padded_to_a_whole_share():
 def test_a_one_element_parameters_optimizer_state_is_state_and_its_step_count_apart():
     # Linear(4, 1)'s bias has one element: its Adam m and v are one element each (optimizer
     # state, as the calculator counts it), and its step counter, one element too, is not.
-    from distlab.calculators import MLP
+    from distlab.calculators import LinearStack
 
     model = nn.Linear(4, 1)
     opt = torch.optim.Adam(model.parameters())
     model(torch.randn(3, 4)).sum().backward()
     opt.step()
     measured = memory.measure(model, opt)
-    e = memory_per_device(MLP("one output", (4, 1)), precision="fp32")
+    e = memory_per_device(LinearStack("one output", (4, 1)), precision="fp32")
     assert (measured.params, measured.grads, measured.optimizer) == (
-        e.params, e.grads, e.optimizer) == (20, 20, 40)  # fmt: skip
+        e.params, e.grads, e.optimizer) == (20, 20, 40)
     assert measured.optimizer_other == 2 * 4  # two step counters, one float32 each

@@ -49,7 +49,7 @@ def test_v2_quota_is_the_smallest_along_the_path_to_the_root(tmp_path):
 @pytest.mark.quick
 def test_v1_quota_over_period_and_no_quota_is_none(tmp_path):
     files = {"cpu/pod/cpu.cfs_quota_us": "50000\n", "cpu/pod/cpu.cfs_period_us": "100000\n",
-             "cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}  # fmt: skip
+             "cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}
     lines = ["4:memory:/pod", "2:cpu,cpuacct:/pod", "0::/"]
     assert cgroup_cpu_limit(*_tree(tmp_path, lines, [V1_MOUNT], files)) == 0.5
     files["cpu/pod/cpu.cfs_quota_us"] = "-1\n"
@@ -74,7 +74,7 @@ def _quota_cgroup(cpus: float) -> Path:
         (Path("/sys/fs/cgroup/cpu"), {"cpu.cfs_period_us": "100000",
                                       "cpu.cfs_quota_us": str(int(cpus * 100000))}),
         (Path("/sys/fs/cgroup"), {"cpu.max": f"{int(cpus * 100000)} 100000"}),
-    ):  # fmt: skip
+    ):
         if not base.is_dir() or ("cpu.max" in write and not (base / "cgroup.procs").exists()):
             continue
         folder = base / name
@@ -107,7 +107,7 @@ def test_threads_and_doctor_follow_a_real_cgroup_quota():
             ["sh", "-c", f'echo $$ > "{folder}/cgroup.procs" && exec "$0" -c "$1"',
              sys.executable, script],
             capture_output=True, text=True, timeout=120, cwd=ROOT,
-        )  # fmt: skip
+        )
     finally:
         for pid in (folder / "cgroup.procs").read_text().split():  # leftovers: none expected
             subprocess.run(["kill", "-9", pid])

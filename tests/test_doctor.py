@@ -76,7 +76,7 @@ def test_run_counts_problems_and_blind_checks_apart(monkeypatch, capsys):
     monkeypatch.setattr(
         doctor, "check_launch",
         lambda: (doctor.Check(True, "launch"), doctor.Check(None, "could not look")),
-    )  # fmt: skip
+    )
     assert doctor.run() == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
         "no problem found, but 1 check(s) could not look (marked ?)"

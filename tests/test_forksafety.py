@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 OBJC = ("objc[4242]: +[NSNumber initialize] may have been in progress in another thread when "
-        "fork() was called.")  # fmt: skip
+        "fork() was called.")
 
 #: Prints, for each of two launches, "forked" or "spawned" per rank (a forked rank's parent is
 #: the helper, a spawned one's the kernel, or a spare the kernel started), then the results.
@@ -61,7 +61,7 @@ def runs() -> dict[str, subprocess.CompletedProcess]:
     started = {}
     for name, (extra, first, macos) in SCENARIOS.items():
         env = {k: v for k, v in os.environ.items()
-               if k not in ("DISTLAB_START_METHOD", "DISTLAB_AS_MACOS")}  # fmt: skip
+               if k not in ("DISTLAB_START_METHOD", "DISTLAB_AS_MACOS")}
         env.update(extra)
         if macos:
             env["DISTLAB_AS_MACOS"] = "1"
@@ -83,7 +83,7 @@ def _run(runs, name: str) -> subprocess.CompletedProcess:
 
 def _switch_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines()
-            if line.startswith("distlab: ranks start as fresh interpreters")]  # fmt: skip
+            if line.startswith("distlab: ranks start as fresh interpreters")]
 
 
 def test_under_macos_rules_ranks_fork_after_a_canary(runs):
@@ -148,9 +148,36 @@ def test_mps_in_a_forked_rank_says_to_spawn_instead(macos):
     if macos:
         env["DISTLAB_AS_MACOS"] = "1"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, env=env)  # fmt: skip
+                         timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     if macos:
         assert "launch with start_method='spawn' for ranks that use MPS" in out.stdout
     else:
         assert out.stdout.strip() == "[False]"  # Linux has no MPS, and nothing is guarded
+
+
+@pytest.mark.parametrize("value, rules", [(None, False), ("", False), ("0", False), (" 0 ", False),
+                                          ("1", True), ("yes", True)])
+def test_distlab_as_macos_0_or_unset_leaves_the_macos_rules_off_on_linux(monkeypatch, value,
+                                                                         rules):
+    from distlab._ranks import forksafety
+
+    monkeypatch.setattr(forksafety.sys, "platform", "linux")
+    if value is None:
+        monkeypatch.delenv("DISTLAB_AS_MACOS", raising=False)
+    else:
+        monkeypatch.setenv("DISTLAB_AS_MACOS", value)
+    assert forksafety.macos_rules() is rules
+
+
+def test_guard_mps_refuses_both_ways_of_asking_for_metal(monkeypatch):
+    import torch.backends.mps as mps
+
+    from distlab._ranks import forksafety
+
+    for name in ("is_available", "is_built"):
+        monkeypatch.setattr(mps, name, getattr(mps, name))  # put back after the test
+    forksafety.guard_mps()
+    for name in ("is_available", "is_built"):
+        with pytest.raises(RuntimeError, match="launch with start_method='spawn'"):
+            getattr(mps, name)()

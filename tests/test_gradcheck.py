@@ -349,7 +349,7 @@ def test_the_same_on_the_cpu_kernel_every_machine_has():
     )
     env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))  # fmt: skip
+                         timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stderr[-3000:]
     _check_other_shapes(out.stdout.strip().splitlines(), 1)
 
@@ -412,7 +412,7 @@ def test_settings_are_recorded_and_compared_parameter_by_parameter():
     assert ten.steps[0].optimizer["head.weight"] == {
         "kind": "AdamW", "lr": 0.01, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1,
         "amsgrad": False, "maximize": False, "decoupled_weight_decay": True,
-    }  # fmt: skip
+    }
     m = gradcheck.compare([gpt.reference_run(CONFIG, 2, lr=1e-3)], ten).mismatch
     assert (m.name, m.problem) == ("tok.weight", "optimizer")
     assert "the ranks' AdamW has lr=0.001, one process lr=0.01" in m.hint
@@ -714,7 +714,7 @@ def test_a_passing_report_gives_the_largest_errors_it_met(reference):
     report = gradcheck.compare([mine], reference)
     assert report.ok, report.text()
     want_abs = float((param.double() - reference.steps[2].params["head.weight"].double()).abs()
-                     .max())  # fmt: skip
+                     .max())
     ref_grad = reference.steps[0].grads["norm.bias"].double()
     want_rel = float((grad.double() - ref_grad).abs().max() / ref_grad.abs().max())
     assert report.max_abs == pytest.approx(want_abs, rel=1e-9)
@@ -748,7 +748,7 @@ def _apart(make, steps=6, seed=0):
         grad[:100] *= 1e-7
         noise = torch.rand(400, generator=g) * 2 - 1
         other = torch.where(torch.arange(400) < 200, grad * noise,
-                            grad + noise * 1e-7 * grad.abs().max())  # fmt: skip
+                            grad + noise * 1e-7 * grad.abs().max())
         a.grad, b.grad = grad.clone(), other.clone()
         opt_a.step()
         opt_b.step()
@@ -774,3 +774,86 @@ def test_the_allowance_is_never_less_than_what_the_optimizer_really_moved(make):
     # Gradients 0 to 200% apart (a rank's rounding is far less): the parameters of two copies
     # never end further apart than Drift allows, in any step.
     assert max(_apart(make, seed=seed) for seed in range(4)) <= 0
+
+
+def _run_two(make, gradients, steps, seed):
+    """Two float64 copies of a parameter stepped by ``make``'s optimizer, one on the reference's
+    gradients and one on ``gradients(grad, generator)``'s, with `optimizers.Drift` following
+    them; per step, ``(drift, first copy, second copy, their optimizers)``. float64 so that
+    what the copies differ by is the gradients' difference, not the optimizer's own rounding."""
+    from distlab.gradcheck.optimizers import Drift, settings
+
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randn(400, generator=g, dtype=torch.float64) * 0.05
+    a, b = nn.Parameter(start.clone()), nn.Parameter(start.clone())
+    opt_a, opt_b = make([a]), make([b])
+    setting = settings(opt_a, {id(a): "p"})["p"]
+    drift = Drift()
+    for step in range(steps):
+        grad, other = gradients(step, g)
+        a.grad, b.grad = grad.clone(), other.clone()
+        opt_a.step()
+        opt_b.step()
+        drift.update((other - grad).abs(), grad, dict(opt_a.state[a]), setting)
+        yield drift, a, b, opt_a.state[a], opt_b.state[b]
+
+
+def _far_apart(step, g):
+    # 0 to 300% apart, either sign, a quarter of the entries far below Adam's eps
+    grad = torch.randn(400, generator=g, dtype=torch.float64) * 1e-2
+    grad[:100] *= 1e-7
+    return grad, grad * (1 + torch.rand(400, generator=g, dtype=torch.float64) * 4 - 2)
+
+
+@quick
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: torch.optim.AdamW(p, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1),
+        lambda p: torch.optim.AdamW(p, lr=1e-2, amsgrad=True),
+        lambda p: torch.optim.Adam(p, lr=1e-2, betas=(0.9, 0.5), amsgrad=True),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    ],
+    ids=["adamw", "amsgrad", "amsgrad-short-memory", "sgd-momentum"],
+)
+def test_every_optimizer_state_stays_within_its_allowance_whatever_the_gradients(make, seed):
+    # Generated cases (seeded): what each state tensor (exp_avg, exp_avg_sq, AMSGrad's
+    # max_exp_avg_sq, the momentum buffer) of two copies differs by is never more than Drift
+    # allows it, at any step. v's allowance needs the squared difference of the gradients,
+    # (g + d)^2 - g^2 = 2 g d + d^2, and AMSGrad's running maximum the largest of v's so far.
+    # (Not Adam with weight decay in the gradient: v then sees g + wd p, and Drift is not
+    # given p; its exp_avg_sq allowance is known to fall short there.)
+    for step, (drift, a, b, state_a, state_b) in enumerate(
+            _run_two(make, _far_apart, steps=6, seed=seed)):
+        for key, allowed in drift.state.items():
+            if key not in state_a:
+                continue
+            mine, ref = state_b[key].double(), state_a[key].double()
+            over = (mine - ref).abs() - allowed - 1e-9 * (mine.abs() + ref.abs())
+            assert float(over.max()) <= 0, f"{key} at step {step}: {float(over.max()):.3g} over"
+        apart = (b.detach() - a.detach()).abs()
+        assert float((apart - drift.params - 1e-12).max()) <= 0, f"parameter at step {step}"
+
+
+def _burst_then_quiet(step, g):
+    # One large gradient, then small ones: v falls far below its running maximum. The rank's
+    # gradient is off by the same small amount everywhere, the worst case for the update.
+    grad = torch.randn(400, generator=g, dtype=torch.float64) * (1.0 if step == 0 else 1e-4)
+    return grad, grad + 1e-7
+
+
+@quick
+def test_amsgrads_allowance_is_close_to_what_a_gradient_difference_really_moves():
+    # Not too loose either: a loose allowance hides a real mistake. AMSGrad divides by v's
+    # running maximum, far above v here; an allowance that took v instead would be
+    # thousands of times too loose.
+    def make(p):
+        return torch.optim.Adam(p, lr=1e-3, betas=(0.9, 0.5), amsgrad=True)
+
+    for seed in range(3):
+        *_, (drift, a, b, _, _) = _run_two(make, _burst_then_quiet, steps=30, seed=seed)
+        apart = (b.detach() - a.detach()).abs()
+        ratio = drift.params / apart
+        assert float(ratio.min()) >= 1, "the allowance is less than what really moved"
+        assert float(ratio.max()) < 2, f"the allowance is {float(ratio.max()):.1f}x too loose"

@@ -103,8 +103,8 @@ def test_the_cycle_finder_finds_a_planted_circle():
 
 _C = "distlab.calculators."
 _S = "distlab.scale."
-_FORMULAS = tuple(_C + m for m in ("activations", "comm", "links", "memory", "pipeline",
-                                   "stepper"))
+_FORMULAS = tuple(_C + m for m in ("activation_terms", "comm", "links", "memory_estimate",
+                                   "pipeline", "stepper"))
 _DRAWING = (_C + "charts", _C + "_axes", "distlab._chart", "distlab.pictures", "matplotlib")
 _SIMULATING = tuple(_S + m for m in ("simulate", "mesh", "measure", "plan_order", "plans",
                                      "instruments"))
@@ -130,16 +130,19 @@ KNOWS_NOTHING = {
     (_C + "_axes", "what is drawn"): (*_FORMULAS, _C + "charts", _C + "models"),
     (_C + "_text", "what is being computed"): (*_FORMULAS, _C + "models", _C + "charts"),
     (_C + "_widget", "what it calculates"): (*_FORMULAS, _C + "models", _C + "widgets"),
-    (_C + "activations", "parameters or optimizers"): (_C + "memory", _C + "models"),
+    (_C + "activation_terms", "parameters or optimizers"): (_C + "memory_estimate",
+                                                           _C + "models"),
     (_C + "charts", "the formulas"): _FORMULAS,
     (_C + "comm", "drawing"): _DRAWING,
     (_C + "links", "collectives"): (_C + "comm", _C + "stepper"),
-    (_C + "memory", "widgets"): (_C + "widgets", _C + "_widget", "ipywidgets"),
-    (_C + "models", "bytes, optimizers or activations"): (_C + "memory", _C + "activations",
+    (_C + "memory_estimate", "widgets"): (_C + "widgets", _C + "_widget", "ipywidgets"),
+    (_C + "models", "bytes, optimizers or activations"): (_C + "memory_estimate",
+                                                          _C + "activation_terms",
                                                           _C + "comm"),
-    (_C + "pipeline", "models or memory in bytes"): (_C + "models", _C + "memory"),
+    (_C + "pipeline", "models or memory in bytes"): (_C + "models", _C + "memory_estimate"),
     (_C + "stepper", "time"): (_C + "comm", _C + "links"),
-    (_S + "compare", "how either is computed"): (*_SIMULATING, _C + "activations"),
+    (_S + "calculator_check", "how either is computed"): (*_SIMULATING,
+                                                      _C + "activation_terms"),
     (_S + "instruments", "models or layouts"): (_S + "model", _S + "layout",
                                                 _C + "models"),
     (_S + "layout", "models beyond their sizes"): (_S + "model", _S + "plans"),

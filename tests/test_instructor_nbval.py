@@ -101,14 +101,14 @@ def test_an_instructors_notebook_compares_under_strict_nbval_without_a_sanitize_
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(c).strip()) for c in CELLS]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}  # fmt: skip
+                                 "language": "python"}
     path = tmp_path / "workshop.ipynb"
     nbformat.write(nb, path)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # this folder's own, empty settings
     executed = _run(
         [sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
          "--inplace", "--allow-errors", "--ExecutePreprocessor.kernel_name=python3",
-         str(path)],  # fmt: skip
+         str(path)],
         tmp_path,
     )
     assert executed.returncode == 0, executed.stderr[-3000:]
@@ -120,7 +120,7 @@ def test_an_instructors_notebook_compares_under_strict_nbval_without_a_sanitize_
     for run in (1, 2):
         checked = _run(
             [sys.executable, "-m", "pytest", "--nbval", "-p", "no:cacheprovider", "-q",
-             "workshop.ipynb"],  # fmt: skip
+             "workshop.ipynb"],
             tmp_path,
         )
         assert checked.returncode == 0, f"nbval run {run}:\n{checked.stdout[-6000:]}"

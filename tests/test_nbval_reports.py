@@ -26,7 +26,7 @@ def test_a_failing_cell_shows_what_it_printed(tmp_path):
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval",
          "--nbval-current-env", "failing.ipynb"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    )
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "printed by the cell" in proc.stdout
     assert "got: ['late', 'missing']" in proc.stdout

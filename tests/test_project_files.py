@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements" / "lock.txt"
 # Where the lock is checked: the course machine's Python (markers are evaluated for it).
 COURSE_PYTHON = {"python_version": "3.11", "python_full_version": "3.11.7", "os_name": "posix",
-                 "sys_platform": "linux", "platform_system": "Linux"}  # fmt: skip
+                 "sys_platform": "linux", "platform_system": "Linux"}
 MACOS = dict(COURSE_PYTHON, sys_platform="darwin", platform_system="Darwin")
 
 

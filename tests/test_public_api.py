@@ -34,6 +34,6 @@ def test_every_public_name_is_exported_and_documented(module):
 
 def test_the_functions_a_learner_calls_list_their_errors():
     for fn in (distlab.launch, distlab.Cluster, timeline.record, timeline.collect,
-               memory.measure, memory.record, memory.collect, exercises.check):  # fmt: skip
+               memory.measure, memory.record, memory.collect, exercises.check):
         doc = inspect.getdoc(fn) or ""
         assert "Raises" in doc, f"{fn.__qualname__}'s docstring does not list its errors"

@@ -21,7 +21,7 @@ from distlab.calculators import CalculatorError, Transformer
 from distlab.calculators.models import stage_layers
 
 SMALL = Transformer("small", vocab=1024, hidden=256, intermediate=896, layers=4, heads=8,
-                    kv_heads=2)  # fmt: skip
+                    kv_heads=2)
 
 
 def _simulate_each(cases):
@@ -34,7 +34,7 @@ def _simulate_each(cases):
         return simulate_rank(model, layout, stage)
 
     return distlab.launch(run, cases, world_size=len(cases), backend=None, timeout=240,
-                          threads=1)  # fmt: skip
+                          threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,7 @@ def test_simulations_one_after_another_in_one_process_equal_those_in_processes_o
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=240)  # fmt: skip
+                         timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line[:1].isdigit()]
     expected = [small[k] for k in ("tp", "dp", "tp")]

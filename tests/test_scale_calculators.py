@@ -16,9 +16,9 @@ from distlab import scale
 from distlab.calculators import Transformer
 
 SMALL = Transformer("small", vocab=1024, hidden=256, intermediate=896, layers=4, heads=8,
-                    kv_heads=2)  # fmt: skip
+                    kv_heads=2)
 MOE = Transformer("small MoE", vocab=1024, hidden=256, intermediate=512, layers=4, heads=8,
-                  kv_heads=2, experts=4, top_k=2)  # fmt: skip
+                  kv_heads=2, experts=4, top_k=2)
 L = scale.Layout
 
 #: (model, layout, stage): every term of the activation formula is exercised by some case
@@ -46,7 +46,7 @@ def _simulate_each(cases):
         return simulate_rank(*cases[int(os.environ["RANK"])])
 
     return distlab.launch(run, cases, world_size=len(cases), backend=None, timeout=240,
-                          threads=1)  # fmt: skip
+                          threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def real_sizes():
     cases = {
         "8B FSDP": ("Llama-3 8B", L(dp=8, seq_len=4096), 0),
         "70B FSDP x TP, full": ("Llama-3 70B", L(dp=8, tp=8, seq_len=8192,
-                                                 checkpointing="full"), 0),  # fmt: skip
+                                                 checkpointing="full"), 0),
         "405B stage 0": ("Llama-3 405B", L(dp=8, tp=8, pp=16, seq_len=8192), 0),
         "405B stage 15": ("Llama-3 405B", L(dp=8, tp=8, pp=16, seq_len=8192), 15),
         "Mixtral EP": ("Mixtral 8x7B", L(dp=8, ep=8, seq_len=4096, checkpointing="full"), 0),
@@ -104,6 +104,6 @@ def test_a_comparison_prints_one_row_per_part_and_its_worst_difference(real_size
     comparison = scale.against_calculator(laid)
     text = str(comparison)
     assert text.splitlines()[0].startswith("Llama-3 405B on 1024 ranks: pp 16 x dp 8 x tp 8")
-    assert [row[1] for row in comparison.rows] == [p[0] for p in scale.compare.PARTS]
+    assert [row[1] for row in comparison.rows] == [p[0] for p in scale.calculator_check.PARTS]
     assert "    0  parameters                          1.526          1.526    1.0000" in text
     assert comparison.worst() < 0.01

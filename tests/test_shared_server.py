@@ -46,7 +46,7 @@ def test_three_kernels_run_a_four_rank_notebook_at_once(tmp_path):
         subprocess.Popen(
             [sys.executable, "-m", "pytest", "-q", "--no-header", "-p", "no:randomly", NOTEBOOK],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+        )
         for _ in range(3)
     ]
     outputs = [p.communicate(timeout=280)[0] for p in learners]

@@ -238,3 +238,21 @@ def test_a_function_that_uses_a_module_subclass_travels(tmp_path):
     back = ship.loads(ship.pickle(uses_backends))
     assert back() == uses_backends()
     assert ship.loads(ship.pickle(torch.backends.mps)) is torch.backends.mps
+
+
+def test_only_the_notebooks_cells_travel_not_every_file_in_the_line_cache(tmp_path, monkeypatch):
+    import linecache
+
+    from distlab._ranks.ship import LineShipper
+
+    monkeypatch.setattr(linecache, "cache", {})
+    module = tmp_path / "helper.py"
+    module.write_text("x = 1\n")
+    assert linecache.getlines(str(module)) == ["x = 1\n"]  # a file on disk: cached with its mtime
+    cell = "/tmp/ipykernel_4242/123.py"  # IPython keeps a cell's lines with mtime None
+    linecache.cache[cell] = (6, None, ["y = 2\n"], cell)
+    shipper = LineShipper()
+    assert shipper.new() == {cell: ["y = 2\n"]}
+    assert shipper.new() == {}  # sent once
+    linecache.cache[cell] = (6, None, ["y = 3\n"], cell)
+    assert shipper.new() == {cell: ["y = 3\n"]}  # and again when the cell changes

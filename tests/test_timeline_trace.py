@@ -92,7 +92,7 @@ def test_a_label_keeps_its_colour_in_every_picture():
     def key(tl):
         legend = tl.figure().legends[0]
         return {t.get_text(): h.get_facecolor() for t, h in
-                zip(legend.get_texts(), legend.legend_handles, strict=True)}  # fmt: skip
+                zip(legend.get_texts(), legend.legend_handles, strict=True)}
 
     first, second = key(timeline.Timeline([a])), key(timeline.Timeline([b]))
     assert first == second and first["alpha"] != first["beta"]

@@ -62,7 +62,7 @@ def helper_env(env: dict[str, str]) -> dict[str, str]:
     """``env`` for a helper that will fork ranks under macOS's rules."""
     env = dict(env)
     for var in ("OPENBLAS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "OMP_NUM_THREADS",
-                "MKL_NUM_THREADS"):  # fmt: skip
+                "MKL_NUM_THREADS"):
         env[var] = "1"  # no BLAS thread pool at import (ranks set their own budget)
     env["no_proxy"] = env["NO_PROXY"] = "*"  # urllib never asks SystemConfiguration
     env[ENV_STRICT] = "1"

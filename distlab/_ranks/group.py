@@ -190,7 +190,7 @@ class RankGroup:
                 self.collect(
                     task, time.monotonic() + self.start_timeout, stream, grace,
                     until=lambda: all(r in task.began for r in task.pending),
-                )  # fmt: skip
+                )
                 began = max([task.started, *task.began.values()])
                 self.collect(task, began + timeout, stream, grace)
         except KeyboardInterrupt:

@@ -36,7 +36,7 @@ class _Pickler(cloudpickle.Pickler):
         if type(obj) is types.CodeType:
             return marshal.loads, (marshal.dumps(obj),)
         if (isinstance(obj, types.ModuleType) and type(obj) is not types.ModuleType
-                and sys.modules.get(obj.__name__) is obj):  # fmt: skip
+                and sys.modules.get(obj.__name__) is obj):
             return importlib.import_module, (obj.__name__,)
         return super().reducer_override(obj)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._config import check_int
 from .result import OUTSIDE, Activations
 
 __all__ = ["korthikanti", "predict"]
@@ -54,8 +55,7 @@ def predict(config=None, batch_size: int = 8, seq_len: int | None = None, *,
     config = Config() if config is None else config
     s = config.seq_len if seq_len is None else seq_len
     for name, value in (("batch_size", batch_size), ("seq_len", s), ("tp", tp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_int(value, name, low=1)
     if s > config.seq_len:
         raise ValueError(f"seq_len={s} is longer than config.seq_len={config.seq_len}")
     if config.dropout and (config.sdpa or tp > 1):

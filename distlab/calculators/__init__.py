@@ -9,7 +9,7 @@ and a text form, each with a chart (``.chart()`` or a chart class), and a widget
 
 - `memory_per_device`: parameters, gradients, optimizer state and activations per device for a
   model (`PRESETS`, or your own `Transformer`) x dp/tp/pp/cp/ep x ZeRO stage x precision x
-  activation checkpointing (module `memory`);
+  activation checkpointing (module `memory_estimate`);
 - `collective_time`, `step_comm`: the alpha-beta time of a collective, ring or tree, and of one
   training step's communication (module `comm`), over a `Link`: a preset (`LINKS`) or your own
   fit from notebook 08, kept with `save_fit` and read back with `load_fit` (module `links`);
@@ -19,21 +19,26 @@ and a text form, each with a chart (``.chart()`` or a chart class), and a widget
   `distlab.pictures` (module `stepper`).
 
 Bad input raises `CalculatorError` (a ValueError) saying what to choose instead.
+
+Names mean one thing here: ``model`` is what you name (a preset's name, a `Transformer`, a
+`LinearStack` or a number of parameters), never an ``nn.Module``; ``stage`` is a pipeline
+stage's number, 0 first. These formulas predict; `distlab.memory` measures on ranks,
+`distlab.activations` in one process, `distlab.scale` simulates at real size.
 """
 
 from ._text import GB, CalculatorError
 from .charts import CollectiveChart, MemoryChart, ScheduleChart, StepCommChart
 from .comm import CollectiveTime, StepComm, collective_time, step_comm
 from .links import LINKS, Link, fit_path, load_fit, save_fit
-from .memory import MemoryEstimate, memory_per_device
-from .models import MLP, PRESETS, Params, Transformer, stage_layers
+from .memory_estimate import MemoryEstimate, memory_per_device
+from .models import PRESETS, LinearStack, Params, Transformer, stage_layers
 from .pipeline import Schedule, pipeline_schedule
 from .stepper import RingCollective, RingStep, StepChart, ring_steps
 
 __all__ = [
-    "GB", "LINKS", "MLP", "PRESETS", "CalculatorError", "CollectiveChart", "CollectiveTime",
-    "Link", "MemoryChart", "MemoryEstimate", "Params", "RingCollective", "RingStep", "Schedule",
-    "ScheduleChart", "StepChart", "StepComm", "StepCommChart", "Transformer", "collective_time",
-    "fit_path", "load_fit", "memory_per_device", "pipeline_schedule", "ring_steps", "save_fit",
-    "stage_layers", "step_comm",
+    "GB", "LINKS", "PRESETS", "CalculatorError", "CollectiveChart", "CollectiveTime",
+    "Link", "LinearStack", "MemoryChart", "MemoryEstimate", "Params", "RingCollective",
+    "RingStep", "Schedule", "ScheduleChart", "StepChart", "StepComm", "StepCommChart",
+    "Transformer", "collective_time", "fit_path", "load_fit", "memory_per_device",
+    "pipeline_schedule", "ring_steps", "save_fit", "stage_layers", "step_comm",
 ]

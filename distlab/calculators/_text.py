@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+from .._config import check_int
 from ..errors import DistlabError
 
 GB = 10**9  #: the ZeRO paper's gigabyte (its Figure 1: 7.5 billion parameters x 16 bytes = 120 GB)
@@ -39,9 +40,7 @@ def one_of(values) -> str:
 
 def positive_int(value, name: str, hint: str = "") -> int:
     """``value`` as an int >= 1, or a `CalculatorError` that names ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CalculatorError(f"{name} must be a whole number >= 1, got {value!r}{hint}")
-    return value
+    return check_int(value, name, low=1, noun="a whole number", hint=hint, error=CalculatorError)
 
 
 def choice(value, name: str, options) -> str:

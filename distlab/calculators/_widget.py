@@ -20,6 +20,7 @@ import time
 import ipywidgets
 
 from .. import _chart
+from .._config import check_int
 from ._text import CalculatorError
 
 #: Resolution of live redraws (saved charts use `distlab._chart.DPI`).
@@ -164,8 +165,6 @@ def slider(value, low, high, description):
 
 def _within(value, description, low, high) -> None:
     # ipywidgets would silently clamp a starting value outside the control's range.
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise CalculatorError(
-            f"{description}={value!r}: this widget's control goes from {low} to {high}; for "
-            "other values call the calculator's function itself"
-        )
+    check_int(value, description, low=low, high=high, error=CalculatorError, message=(
+        f"{description}={value!r}: this widget's control goes from {low} to {high}; for "
+        "other values call the calculator's function itself"))

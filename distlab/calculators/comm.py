@@ -45,9 +45,10 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+from .._config import check_int
 from ._text import CalculatorError, choice, human_bytes, positive_int, seconds
 from .links import Link, get_link
-from .memory import PRECISIONS
+from .memory_estimate import PRECISIONS
 from .models import Transformer, get_model
 
 __all__ = ["ALGORITHMS", "COLLECTIVES", "LAYOUTS", "CollectiveTime", "StepComm",
@@ -149,9 +150,8 @@ def collective_time(op, size, ranks, link="NVLink 4 (H100 SXM)", algorithm="ring
     if op != "send":
         choice(op, "op", COLLECTIVES)
         choice(algorithm, "algorithm", ALGORITHMS)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise CalculatorError(f"size must be a whole number of bytes >= 0 (e.g. int(1e9) or "
-                              f"2**30), got {size!r}")
+    check_int(size, "size", low=0, noun="a whole number of bytes", error=CalculatorError,
+              hint=" (e.g. int(1e9) or 2**30)")
     n = positive_int(ranks, "ranks")
     link = get_link(link)
     S, L = Fraction(size), math.ceil(math.log2(n)) if n > 1 else 0
@@ -214,8 +214,8 @@ def step_comm(layout, model, ranks, link="NVLink 4 (H100 SXM)", *, precision="bf
 
     Args:
         layout: "DDP", "FSDP", "TP" (tensor parallel) or "PP" (pipeline parallel).
-        model: a preset's name, a `Transformer`, an `MLP` or a number of parameters (TP and PP
-            need a `Transformer`: their traffic depends on its hidden size and layers).
+        model: a preset's name, a `Transformer`, a `LinearStack` or a number of parameters (TP
+            and PP need a `Transformer`: their traffic depends on its hidden size and layers).
         ranks: the size of the group that communicates (dp for DDP and FSDP, tp, pp).
         link, algorithm: as in `collective_time`.
         precision: "fp32" or "bf16-mixed": bytes per parameter, gradient and activation value.

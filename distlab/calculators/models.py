@@ -12,16 +12,17 @@ norms, position embeddings and row-parallel biases whole on every tensor-paralle
 pipeline parallelism (a transformer's layers as `stage_layers` splits them: equally, or as the
 Llama 3 paper does when pp does not divide them; the embedding on the first stage, the final
 norm and output layer on the last). Knows nothing about bytes, optimizers or activations:
-`memory` does that.
+`memory_estimate` does that.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._config import check_int
 from ._text import CalculatorError, divisors, one_of
 
-__all__ = ["MLP", "PRESETS", "Params", "Transformer", "get_model", "stage_layers"]
+__all__ = ["PRESETS", "LinearStack", "Params", "Transformer", "get_model", "stage_layers"]
 
 
 def _split(n: int, parts: int) -> int:
@@ -35,16 +36,16 @@ def stage_layers(layers: int, pp: int) -> list[range]:
     ``ceil(layers / pp)``, and the first and last stages (which also hold the embedding and the
     output layer) give up the difference, alternately, one layer at a time. Raises
     `CalculatorError` when that leaves a stage empty."""
-    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1 or layers < pp:
-        raise CalculatorError(f"pp={pp!r} stages need at least one layer each; the model has "
-                              f"{layers}: choose pp in {one_of(divisors(layers))}")  # fmt: skip
+    check_int(pp, "pp", low=1, high=layers, error=CalculatorError, message=(
+        f"pp={pp!r} stages need at least one layer each; the model has {layers}: choose pp in "
+        f"{one_of(divisors(layers))}"))
     per = -(-layers // pp)
     sizes = [per] * pp
     for step in range(per * pp - layers):
         sizes[0 if step % 2 == 0 else -1] -= 1
     if min(sizes) < 1:
         raise CalculatorError(f"{layers} layers do not fill pp={pp} stages; choose pp in "
-                              f"{one_of(divisors(layers))}")  # fmt: skip
+                              f"{one_of(divisors(layers))}")
     out, start = [], 0
     for n in sizes:
         out.append(range(start, start + n))
@@ -169,8 +170,9 @@ class Transformer:
 
 
 @dataclass(frozen=True)
-class MLP:
-    """A stack of ``nn.Linear`` layers, as the course's notebooks build them.
+class LinearStack:
+    """A stack of ``nn.Linear`` layers, as the course's notebooks build them (their small MLPs;
+    `distlab.gpt.MLP` is the tiny GPT's feed-forward module, an ``nn.Module``).
 
     Args:
         name: what to call it in tables.
@@ -241,10 +243,12 @@ _META = "Meta's config.json on the Hugging Face Hub (meta-llama/{}); Llama 3 pap
 PRESETS = {
     m.name: m
     for m in (
-        MLP("notebook 15: 4 x Linear(64, 64)", (64,) * 5, source="notebooks/15, make_model()"),
-        MLP("notebook 14: SimpleMLP", (50, 32, 8), "relu", "sigmoid", "notebooks/14, SimpleMLP"),
-        MLP("notebook 16: 8 x (Linear(16, 16), Tanh)", (16,) * 9, "tanh", "tanh",
-            "notebooks/16, make_model()"),
+        LinearStack("notebook 15: 4 x Linear(64, 64)", (64,) * 5,
+                    source="notebooks/15, make_model()"),
+        LinearStack("notebook 14: SimpleMLP", (50, 32, 8), "relu", "sigmoid",
+                    "notebooks/14, SimpleMLP"),
+        LinearStack("notebook 16: 8 x (Linear(16, 16), Tanh)", (16,) * 9, "tanh", "tanh",
+                    "notebooks/16, make_model()"),
         Transformer("GPT-2 124M", vocab=50257, hidden=768, intermediate=3072, layers=12,
                     heads=12, kv_heads=12, positions=1024, tied=True, bias=True, gated=False,
                     dropout=0.1,
@@ -265,9 +269,9 @@ PRESETS = {
 
 def get_model(model):
     """``model`` as a model object: a preset's name, an int (a `Params`), or a `Transformer`,
-    `MLP` or `Params` as is. Raises `CalculatorError` for an unknown name (listing the
+    `LinearStack` or `Params` as is. Raises `CalculatorError` for an unknown name (listing the
     presets) or anything else."""
-    if isinstance(model, (Transformer, MLP, Params)):
+    if isinstance(model, (Transformer, LinearStack, Params)):
         return model
     if isinstance(model, str):
         if model not in PRESETS:
@@ -278,8 +282,8 @@ def get_model(model):
     if isinstance(model, int) and not isinstance(model, bool) and model > 0:
         return Params(model)
     raise CalculatorError(
-        f"model must be a preset's name, a number of parameters, a Transformer, an MLP or "
-        f"Params, got {model!r}"
+        f"model must be a preset's name, a number of parameters, a Transformer, a LinearStack "
+        f"or Params, got {model!r}"
     )
 
 

@@ -25,7 +25,7 @@ from ._widget import Calculator, dropdown, number, slider
 from .charts import CollectiveChart, StepCommChart
 from .comm import ALGORITHMS, COLLECTIVES, LAYOUTS, collective_time
 from .links import LINKS, fit_path
-from .memory import CHECKPOINTING, PRECISIONS, memory_per_device
+from .memory_estimate import CHECKPOINTING, PRECISIONS, memory_per_device
 from .models import PRESETS, Transformer
 from .pipeline import SCHEDULES, pipeline_schedule
 from .stepper import OPS, StepChart, ring_steps

@@ -151,7 +151,7 @@ def _skeleton(fn) -> bool:
     nested = any(hasattr(c, "co_code") for c in code.co_consts)
     branches = any("JUMP" in i.opname or i.opname == "FOR_ITER" for i in instructions)
     return (set(code.co_names) - imported <= _SKELETON and own <= {"rank", "world", "world_size"}
-            and used <= _SKELETON and not nested and not branches)  # fmt: skip
+            and used <= _SKELETON and not nested and not branches)
 
 
 def _unfinished_text(name: str, line) -> str:

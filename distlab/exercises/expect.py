@@ -124,7 +124,7 @@ def _type_hint(got, want) -> str:
 
 
 def close(got, want, what: str = "your answer", *, rtol: float = 1e-5, atol: float = 1e-6,
-          world_size: int | None = None) -> None:  # fmt: skip
+          world_size: int | None = None) -> None:
     """Tensors (or numbers) equal up to rounding. A result off by exactly the world size, or by
     its inverse, says so ("exactly 2x the expected: summed over 2 ranks but not divided?")."""
     import torch
@@ -191,9 +191,9 @@ def not_written(fn, *args) -> None:
 _CLASSES = (("distlab.gpt", "GPT"), ("distlab.gpt", "Block"), ("distlab.gpt", "Attention"),
             ("distlab.gpt", "MLP"), ("torch.nn", "Module"), ("torch.nn", "Linear"),
             ("torch.nn", "Embedding"), ("torch.nn", "LayerNorm"), ("torch.nn", "GELU"),
-            ("torch.nn", "Dropout"), ("torch", "Tensor"))  # fmt: skip
+            ("torch.nn", "Dropout"), ("torch", "Tensor"))
 _MODULES = ("torch", "torch.nn.functional", "torch.distributed",
-            "torch.distributed.distributed_c10d")  # fmt: skip
+            "torch.distributed.distributed_c10d")
 
 
 class restored:

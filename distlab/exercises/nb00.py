@@ -47,7 +47,7 @@ def exercise_2(my_prediction) -> None:
             f"{kind.__name__!r}; got the class {kind!r}"
         )
     for what, guess, real in zip(("primary_rank", "primary_type", "stopped"), prediction, truth,
-                                 strict=True):  # fmt: skip
+                                 strict=True):
         expect.same(guess, real, what)
 
 
@@ -72,7 +72,7 @@ def exercise_3(sum_pushed_values, cluster) -> None:
     for rank, v in enumerate(pulled):
         if not isinstance(v, torch.Tensor) or v.dtype != torch.float32:
             kind = (expect._a(str(v.dtype).removeprefix("torch.")) + " tensor"
-                    if isinstance(v, torch.Tensor) else expect.describe(v))  # fmt: skip
+                    if isinstance(v, torch.Tensor) else expect.describe(v))
             raise AssertionError(
                 f"v on rank {rank} should be a float32 tensor like tensor([42.]); it is {kind}: "
                 "push the tensors [10.] and [32.], floats (torch.tensor([10.0]); "

@@ -16,7 +16,7 @@ COLLECTIVES = (
     "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_single",
     "all_gather_into_tensor", "all_gather_object", "gather", "scatter", "reduce_scatter",
     "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-)  # fmt: skip
+)
 
 
 def spied(fn, names, *args):
@@ -111,7 +111,7 @@ def exercise_1(ring_shift_blocking) -> None:
             expect.same(
                 value, float((rank - 1) % world_size),
                 f"on {world_size} ranks, rank {rank}'s answer (its left neighbour's rank)",
-            )  # fmt: skip
+            )
 
 
 # -- exercise 2 -------------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def exercise_2(ring_all_gather) -> None:
     results = expect.run(each_case, ring_all_gather, names, [case], world_size=world_size)
     for rank, [(got, calls)] in enumerate(results):
         forbid(calls, COLLECTIVES, rank, "the exercise builds all_gather from "
-               "batch_isend_irecv around the ring, without a collective")  # fmt: skip
+               "batch_isend_irecv around the ring, without a collective")
         steps = len(calls["batch_isend_irecv"])
         if steps < world_size - 1:
             raise AssertionError(

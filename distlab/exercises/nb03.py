@@ -72,7 +72,7 @@ def exercise_1(tree_broadcast) -> None:
         for rank, [((_, tensor), calls)] in enumerate(results):
             forbid(calls, COLLECTIVES, rank, "the exercise builds broadcast from send and recv")
             expect.same(tensor, data[0], f"on {world_size} ranks, rank {rank}'s tensor after "
-                        "the broadcast (rank 0's tensor)")  # fmt: skip
+                        "the broadcast (rank 0's tensor)")
         for rank, [((said, _), calls)] in enumerate(results):
             sent = len(calls["send"]) + len(calls["isend"])
             received = len(calls["recv"]) + len(calls["irecv"])
@@ -88,7 +88,7 @@ def exercise_1(tree_broadcast) -> None:
                     f"{rounds}; each other rank receives the data once)"
                 )
             expect.same(said, sent, f"on {world_size} ranks, rank {rank}'s return value (the "
-                        f"number of messages it sent: it sent {how_often(sent)})")  # fmt: skip
+                        f"number of messages it sent: it sent {how_often(sent)})")
 
 
 # -- exercise 2 -------------------------------------------------------------------------------
@@ -107,13 +107,13 @@ def exercise_2(all_gather_by_hand) -> None:
     ]
     cases = [[(t.clone(),) for t in data] for data in datas]
     names = ("gather", "broadcast") + tuple(n for n in COLLECTIVES + P2P if n not in (
-        "gather", "broadcast"))  # fmt: skip
+        "gather", "broadcast"))
     results = expect.run(each_case, all_gather_by_hand, names, cases, world_size=world_size)
     for rank, per_case in enumerate(results):
         for data, (got, calls) in zip(datas, per_case, strict=True):
             others = [n for n in names if n not in ("gather", "broadcast")]
             forbid(calls, others, rank, "the exercise asks for one dist.gather and one "
-                   "dist.broadcast, nothing else")  # fmt: skip
+                   "dist.broadcast, nothing else")
             counts = (len(calls["gather"]), len(calls["broadcast"]))
             if counts != (1, 1):
                 raise AssertionError(
@@ -139,7 +139,7 @@ def _scatter_both(fn, piece_sizes):
     for size in piece_sizes:
         gen = torch.Generator().manual_seed(size)
         pieces = [torch.randint(-99, 100, (size,), generator=gen).float()
-                  for _ in range(world_size)]  # fmt: skip
+                  for _ in range(world_size)]
         output = torch.full((size,), float("nan"))
         said, calls = spied(fn, ("broadcast", "scatter"), output, pieces if rank == 0 else None, 0)
         out.append((output, pieces[rank], said, calls))
@@ -166,10 +166,10 @@ def exercise_3(scatter_via_broadcast, my_prediction) -> None:
             if not calls["broadcast"]:
                 raise AssertionError(f"rank {rank} never called dist.broadcast")
             _same_values(output, piece, f"with pieces of {size}, rank {rank}'s output (what "
-                         "dist.scatter gives it)")  # fmt: skip
+                         "dist.scatter gives it)")
             really = sum(calls["broadcast"])
             expect.same(said, really, f"with pieces of {size}, rank {rank}'s return value (its "
-                        f"broadcast of {really} elements)")  # fmt: skip
+                        f"broadcast of {really} elements)")
             if rank == 1 and size == 1000:
                 delivered = really
     truth = (delivered, 1000)

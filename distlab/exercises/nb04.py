@@ -107,7 +107,7 @@ def exercise_3(shared_all_reduce) -> None:
         for t, values in zip(shared, start, strict=True):
             t.copy_(values)
         results = expect.run(spied, shared_all_reduce, ("all_reduce",), paths,
-                             world_size=world_size)  # fmt: skip
+                             world_size=world_size)
         seen = [t.clone() for t in shared]  # the notebook's tensors, never sent back
     for rank, (_, calls) in enumerate(results):
         if not calls["all_reduce"]:

@@ -57,7 +57,7 @@ def exercise_1(all_reduce_any) -> None:
             where = f"for a tensor of {data[0].numel()} elements, "
             others = [n for n in names if n not in REDUCE_SCATTER + ALL_GATHER]
             forbid(calls, others, rank, "the exercise builds all_reduce from reduce_scatter "
-                   "and all_gather")  # fmt: skip
+                   "and all_gather")
             _uses(calls, REDUCE_SCATTER, rank, "reduce_scatter (all_reduce_via_rs_ag does)")
             _uses(calls, ALL_GATHER, rank, "all_gather (all_reduce_via_rs_ag does)")
             expect.same(got, sum(data), f"{where}rank {rank}'s result (what all_reduce gives)")
@@ -116,4 +116,4 @@ def exercise_3(all_gather_via_a2a) -> None:
                     "asks for one call"
                 )
             expect.same(got, torch.cat(data), f"{where}rank {rank}'s result (what "
-                        "all_gather_single gives)")  # fmt: skip
+                        "all_gather_single gives)")

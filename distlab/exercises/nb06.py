@@ -67,7 +67,7 @@ def _inputs_1(rank):
     import torch
 
     return [(torch.arange(float(torch.Size(s).numel())).reshape(s) + 1) * (rank + 1) + i
-            for i, s in enumerate(SHAPES_1)]  # fmt: skip
+            for i, s in enumerate(SHAPES_1)]
 
 
 def _mean_async_on_rank(mean_async):
@@ -97,7 +97,7 @@ def exercise_1(mean_async) -> None:  # noqa: C901 -- one message per mistake
     expect.not_written(mean_async, _inputs_1(0))
     results = expect.run(_mean_async_on_rank, mean_async, world_size=world_size)
     truth = [sum(_inputs_1(r)[i] for r in range(world_size)) / world_size
-             for i in range(len(SHAPES_1))]  # fmt: skip
+             for i in range(len(SHAPES_1))]
     for rank, ((kind, value), calls, took) in enumerate(results):
         if kind == "not a future":
             raise AssertionError(
@@ -134,7 +134,7 @@ def exercise_1(mean_async) -> None:  # noqa: C901 -- one message per mistake
             )
         for i, (got, want) in enumerate(zip(value, truth, strict=True)):
             expect.close(got, want, f"rank {rank}'s average of tensor {i}",
-                         world_size=world_size)  # fmt: skip
+                         world_size=world_size)
 
 
 # -- exercise 2: buckets ----------------------------------------------------------------------
@@ -148,7 +148,7 @@ def _inputs_2(rank):
     import torch
 
     return [(torch.arange(float(torch.Size(s).numel())).reshape(s) + 1) * (rank + 1)
-            for s in SHAPES_2]  # fmt: skip
+            for s in SHAPES_2]
 
 
 def _buckets_on_rank(all_reduce_buckets):
@@ -172,7 +172,7 @@ def exercise_2(all_reduce_buckets) -> None:
     for rank, (tensors, _, calls) in enumerate(results):
         for i, (got, want) in enumerate(zip(tensors, truth, strict=True)):
             expect.close(got, want, f"rank {rank}'s tensor {i} after all_reduce_buckets (the "
-                         "sum over the ranks, in place)", world_size=world_size)  # fmt: skip
+                         "sum over the ranks, in place)", world_size=world_size)
         sizes = [numel for _, numel, _ in calls]
         if not calls:
             raise AssertionError(
@@ -182,7 +182,7 @@ def exercise_2(all_reduce_buckets) -> None:
         if sizes != BUCKETS:
             why = ("one all-reduce per tensor: no buckets" if len(sizes) == len(SHAPES_2) else
                    "one all-reduce for everything" if len(sizes) == 1 else
-                   "the buckets are packed differently")  # fmt: skip
+                   "the buckets are packed differently")
             raise AssertionError(
                 f"the all-reduces should carry buckets of {BUCKETS} elements (walk the tensors "
                 f"in order; close a bucket when the next tensor would take it over cap={CAP}; "

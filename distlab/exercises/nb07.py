@@ -46,11 +46,11 @@ def exercise_1(hierarchical_all_reduce) -> None:
 
     expect.not_written(hierarchical_all_reduce, torch.zeros(5), None, None)
     values, calls = expect.collectives(_hierarchical_on_rank, hierarchical_all_reduce,
-                                       world_size=WORLD)  # fmt: skip
+                                       world_size=WORLD)
     truth = sum(_input_1(r) for r in range(WORLD))
     for rank, (got, t) in enumerate(values):
         expect.close(got, truth, f"what rank {rank} returned (the sum over all 4 ranks)",
-                     world_size=WORLD)  # fmt: skip
+                     world_size=WORLD)
         expect.close(t, truth, f"rank {rank}'s t after the call (reduced in place)")
     for rank, names in enumerate(calls):
         used = [n.removeprefix("c10d::").rstrip("_") for n in names]
@@ -95,11 +95,11 @@ def exercise_2(hand_out) -> None:
             )
         mine, counts = value
         expect.same(mine, FILES[rank::WORLD], f"rank {rank}'s files (round-robin: files "
-                    f"{rank}, {rank + WORLD}, ...)")  # fmt: skip
+                    f"{rank}, {rank + WORLD}, ...)")
         if rank == 0:
             truth = [sum(len(f) for f in FILES[r::WORLD]) for r in range(WORLD)]
             expect.same(counts, truth, "the counts on rank 0 (characters of each rank's files, "
-                        "in rank order)")  # fmt: skip
+                        "in rank order)")
         elif counts is not None:
             raise AssertionError(
                 f"only rank 0 should get the counts (gather_object, not all_gather_object); "

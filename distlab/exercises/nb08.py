@@ -49,12 +49,12 @@ def exercise_1(ring_reduce_scatter) -> None:
     expect.not_written(ring_reduce_scatter, _input_1(0, 10))
     for n, length in CASES_1:
         values, calls = expect.collectives(_reduce_scatter_on_rank, ring_reduce_scatter,
-                                           length, world_size=n)  # fmt: skip
+                                           length, world_size=n)
         total = sum(_input_1(r, length) for r in range(n))
         chunks = torch.tensor_split(total, n)
         for rank, (got, t) in enumerate(values):
             expect.same(t, _input_1(rank, length), f"{n} ranks, rank {rank}'s t after the "
-                        "call (ring_reduce_scatter must leave its input unchanged)")  # fmt: skip
+                        "call (ring_reduce_scatter must leave its input unchanged)")
             want = chunks[(rank + 1) % n]
             if isinstance(got, torch.Tensor) and got.shape != want.shape:
                 raise AssertionError(
@@ -63,7 +63,7 @@ def exercise_1(ring_reduce_scatter) -> None:
                     f"got {got.numel()} (torch.chunk and a plain split cut differently)"
                 )
             expect.close(got, want, f"on {n} ranks, rank {rank}'s chunk {(rank + 1) % n}",
-                         world_size=n)  # fmt: skip
+                         world_size=n)
         for rank, names in enumerate(calls):
             collectives = sorted({x for x in names if "send" not in x and "recv" not in x})
             if collectives:
@@ -114,7 +114,7 @@ def exercise_2(bandwidths) -> None:
             hint = ""
             for factor, why in ((8, "bits, not bytes?"), (1e-6, "MB/s? the exercise asks for "
                                 "bytes per second"), (1e-9, "GB/s? the exercise asks for bytes "
-                                "per second")):  # fmt: skip
+                                "per second")):
                 if math.isclose(algbw, want * factor, rel_tol=1e-9):
                     hint = f" ({why})"
             raise AssertionError(

@@ -48,7 +48,7 @@ def exercise_1(my_all_reduce_class) -> None:
     grad_truth = sum(_seeded(r, seed=100) for r in range(WORLD_1))  # every loss used every x
     for rank, (x, y, grad) in enumerate(results):
         expect.same(x, _seeded(rank), f"rank {rank}'s x after the forward (all-reduce a copy; "
-                    "never change the caller's tensor)")  # fmt: skip
+                    "never change the caller's tensor)")
         expect.close(y, y_truth, f"rank {rank}'s forward result", world_size=WORLD_1)
         if grad is None:
             raise AssertionError(

@@ -93,7 +93,7 @@ def exercise_1(model_class) -> None:
     for rank, params in enumerate(values):
         for name, p, ref in zip(names, params, reference, strict=True):
             expect.close(p, ref, f"rank {rank}'s {name} after {STEPS} steps",
-                         rtol=1e-4, atol=1e-5)  # fmt: skip
+                         rtol=1e-4, atol=1e-5)
     want = len(names) * STEPS
     for rank, names_called in enumerate(calls):
         n = sum("allreduce" in x for x in names_called)
@@ -213,7 +213,7 @@ def exercise_2(counting_sizes) -> None:
                 for i, (a, b) in enumerate(zip(g, t, strict=True)):
                     expect.close(a, b, f"bucket_cap_mb={cap}, iteration {it}: rank {rank}'s "
                                  f"gradient of fc{i + 1}.weight (DDP's average)",
-                                 world_size=WORLD)  # fmt: skip
+                                 world_size=WORLD)
             if not isinstance(sizes, list):
                 raise AssertionError(
                     f'state["sizes"] should be a list; got {expect.describe(sizes)}'
@@ -253,7 +253,7 @@ def _fp16_on_rank(hook, loud=False):
         scale = LOUD / max(float(p.grad.abs().max()) for p in model.parameters())
     out = {}
     for who, h in (("yours", _guarded(hook)), ("builtin", default_hooks.fp16_compress_hook),
-                   ("exact", None)):  # fmt: skip
+                   ("exact", None)):
         model = DDP(_model())
         if h is not None:
             model.register_comm_hook(dist.group.WORLD, h)
@@ -275,7 +275,7 @@ def exercise_3(my_fp16_hook) -> None:
     names = ["0.weight", "0.bias", "2.weight", "2.bias"]
     for loud in (False, True):
         _compare_fp16(expect.run(_fp16_on_rank, my_fp16_hook, loud, world_size=WORLD), names,
-                      loud)  # fmt: skip
+                      loud)
 
 
 def _compare_fp16(results, names, loud) -> None:
@@ -284,7 +284,7 @@ def _compare_fp16(results, names, loud) -> None:
     for rank, (grads, failure) in enumerate(results):
         _hook_failed(failure)
         for name, mine, builtin, exact in zip(names, grads["yours"], grads["builtin"],
-                                              grads["exact"], strict=True):  # fmt: skip
+                                              grads["exact"], strict=True):
             what = f"rank {rank}'s gradient of {name}"
             if loud:
                 what += f" (gradients up to {LOUD:,.0f} on every rank)"

@@ -82,7 +82,7 @@ def exercise_1(model_class) -> None:
             )
         for it, g in enumerate(grads):
             expect.close(g, torch.full((2, 2), 1.5), f"rank {rank}'s used.weight.grad in "
-                         f"iteration {it} (the average of 1 and 2)", world_size=WORLD)  # fmt: skip
+                         f"iteration {it} (the average of 1 and 2)", world_size=WORLD)
         if managed != 2:
             raise AssertionError(
                 f"DDP manages {managed} parameter tensors; with unused frozen it manages only "
@@ -158,7 +158,7 @@ def _truth_2(model_class):
             torch.manual_seed(0)
             net = model_class()
             g = torch.autograd.grad(net(_data(rank, it)).sum(), net.extra.weight,
-                                    allow_unused=True)[0]  # fmt: skip
+                                    allow_unused=True)[0]
             local.append(g)
         used = [g for g in local if g is not None]
         out.append((sum(used) / WORLD if used else None, local))
@@ -268,7 +268,7 @@ def exercise_3(my_prediction) -> None:
         )
     default = expect.run(_uneven_on_rank, True, world_size=WORLD, timeout=TRUTH_TIMEOUT)[0]
     if all(isinstance(p, torch.Tensor) and p.shape == d.shape and torch.allclose(p, d)
-           for p, d in zip(predicted, default, strict=True)):  # fmt: skip
+           for p, d in zip(predicted, default, strict=True)):
         raise AssertionError(
             "that is the default's result (divide_by_initial_world_size=True): in the fourth "
             "step only rank 1 has data, and with False its gradient is divided by the ranks "

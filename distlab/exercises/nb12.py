@@ -160,7 +160,7 @@ def _step_on_owner(module_rref, context_id, lr):
         warnings.simplefilter("always")
         _ANSWER[0](module_rref, context_id, lr)
     return [f"{w.category.__name__}: {w.message}" for w in caught
-            if issubclass(w.category, (DeprecationWarning, FutureWarning))]  # fmt: skip
+            if issubclass(w.category, (DeprecationWarning, FutureWarning))]
 
 
 def _step_by_hand(answer, lr):
@@ -207,7 +207,7 @@ def exercise_2(sgd_step_on_owner) -> None:
     expect.not_written(sgd_step_on_owner, None, None, 0.1)
     lr = 0.1
     new_w, before, grad, warned = _run(_step_by_hand, sgd_step_on_owner, lr, world_size=2,
-                                       backend=None)[1]  # fmt: skip
+                                       backend=None)[1]
     if warned:
         raise AssertionError(
             f"your step caused a deprecation warning: {warned[0]} Step a plain "

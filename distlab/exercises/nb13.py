@@ -32,7 +32,7 @@ def exercise_1(predict_second_microbatch, reported) -> None:
         what = f"your {name} gradient"
         if not isinstance(got, torch.Tensor):
             raise AssertionError(f"{what} should be a tensor like {expect.describe(want)}; got "
-                                 f"{expect.describe(got)}")  # fmt: skip
+                                 f"{expect.describe(got)}")
         if got.shape != want.shape:
             other = "fc2" if name == "fc1" else "fc1"
             swapped = got.shape == truth[1 if name == "fc1" else 0].shape

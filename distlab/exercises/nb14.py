@@ -182,7 +182,7 @@ def _held(sizes):
 
     mesh = _mesh()
     return [distribute_tensor(torch.arange(float(n)), mesh, [Shard(0)]).to_local().numel()
-            for n in sizes]  # fmt: skip
+            for n in sizes]
 
 
 def exercise_2(predicted_local_numel, cluster) -> None:
@@ -191,7 +191,7 @@ def exercise_2(predicted_local_numel, cluster) -> None:
     ``world_size`` ranks. Checked against what each rank of the cluster holds, for several n."""
     world_size = cluster.world_size
     guesses = {(n, r): predicted_local_numel(n, r, world_size) for n in SIZES
-               for r in range(world_size)}  # fmt: skip
+               for r in range(world_size)}
     held = expect.run(_held, SIZES, cluster=cluster, timeout=TIMEOUT)
     for i, n in enumerate(SIZES):
         truth = [held[r][i] for r in range(world_size)]
@@ -244,7 +244,7 @@ def _train_two_steps(answer):
             counted.append(_comms(cm))
     differs = [name for (name, p), q in zip(model.named_parameters(), ddp.parameters(), strict=True)
                if not torch.allclose(p.to_local() if isinstance(p, DTensor) else p.detach(),
-                                     q.detach(), atol=1e-5, rtol=1e-5)]  # fmt: skip
+                                     q.detach(), atol=1e-5, rtol=1e-5)]
     return {"counted": counted, "differs": differs}
 
 

@@ -51,7 +51,7 @@ def _ints(guess, n: int, what: str, example) -> tuple:
     """``guess`` as a tuple of ``n`` ints, or an AssertionError that says what is wrong."""
     if not isinstance(guess, (tuple, list)) or len(guess) != n:
         raise AssertionError(f"{what} should be a tuple of {n} ints, like {example}; got "
-                             f"{expect.describe(guess)}")  # fmt: skip
+                             f"{expect.describe(guess)}")
     for v in guess:
         if not isinstance(v, numbers.Integral) or isinstance(v, bool):
             hint = " (bytes are whole numbers: use // to divide)" if isinstance(v, float) else ""
@@ -180,7 +180,7 @@ def exercise_3(all_gathers_per_step, cluster) -> None:
         what = f"all_gathers_per_step({reshard})"
         if not isinstance(guess, numbers.Integral) or isinstance(guess, bool):
             raise AssertionError(f"{what} should be a count, an int; got "
-                                 f"{expect.describe(guess)}")  # fmt: skip
+                                 f"{expect.describe(guess)}")
         if guess != counted[reshard]:
             raise AssertionError(
                 f"with reshard_after_forward={reshard}, each rank ran {counted[reshard]} "
@@ -191,7 +191,7 @@ def exercise_3(all_gathers_per_step, cluster) -> None:
 # -- exercise 4: how much tensor parallelism? --------------------------------------------------
 
 LLAMA = dict(model="Llama-3 70B", dp=8, zero=3, precision="bf16-mixed",
-             checkpointing="full", seq_len=8192)  # fmt: skip
+             checkpointing="full", seq_len=8192)
 
 
 def exercise_4(smallest_tp) -> None:
@@ -203,7 +203,7 @@ def exercise_4(smallest_tp) -> None:
     guess = smallest_tp()
     if not isinstance(guess, numbers.Integral) or isinstance(guess, bool):
         raise AssertionError(f"smallest_tp() should be a tensor-parallel size, an int; got "
-                             f"{expect.describe(guess)}")  # fmt: skip
+                             f"{expect.describe(guess)}")
     fits = {}
     for tp in range(1, 65):
         try:

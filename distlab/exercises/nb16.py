@@ -26,7 +26,7 @@ def _blocks(stage: int, num_stages: int):
 
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh())
-                            for _ in range(BLOCKS)])  # fmt: skip
+                            for _ in range(BLOCKS)])
     per = BLOCKS // num_stages
     return model[stage * per:(stage + 1) * per]
 
@@ -67,7 +67,7 @@ def _check_smallest_m(guess, p: int, v: int, schedule: str, what: str) -> None:
     tenth = Fraction(1, 10)
     if not isinstance(guess, numbers.Integral) or isinstance(guess, bool):
         raise AssertionError(f"{what} should be a number of microbatches, an int; got "
-                             f"{expect.describe(guess)}")  # fmt: skip
+                             f"{expect.describe(guess)}")
     if guess < 1:
         raise AssertionError(f"{what} should be a number of microbatches, at least 1; got {guess}")
     try:
@@ -125,9 +125,9 @@ def _record(schedule_cls, m: int, stage_ids: list[int], num_stages: int) -> list
 
     cpu = torch.device("cpu")
     stages = [PipelineStage(instrument(_blocks(s, num_stages), s), s, num_stages, cpu)
-              for s in stage_ids]  # fmt: skip
+              for s in stage_ids]
     schedule = schedule_cls(stages if len(stages) > 1 else stages[0], n_microbatches=m,
-                            loss_fn=F.mse_loss)  # fmt: skip
+                            loss_fn=F.mse_loss)
     _step(schedule, 2 * m)  # warm-up: the first step also works out the shapes
     log.clear()
     _step(schedule, 2 * m)
@@ -162,7 +162,7 @@ def exercise_2(one_f_one_b, cluster) -> None:
                 expect.same(mine, ran, what)  # says which type it should be
             if all(isinstance(a, list) for a in mine) and [tuple(a) for a in mine] == ran:
                 raise AssertionError(f"{what}: the right actions, but each as a list; make each "
-                                     "a tuple, like ('F', 0, 0)")  # fmt: skip
+                                     "a tuple, like ('F', 0, 0)")
             shown = " ".join(f"{k}{mb}" for k, _, mb in ran)
             for i, (a, b) in enumerate(zip(mine, ran, strict=False)):  # lengths: below
                 if a != b:
@@ -185,11 +185,11 @@ def _looped_bfs_order(m):
 
     r, p = dist.get_rank(), dist.get_world_size()
     stages = [PipelineStage(_blocks(s, 2 * p), s, 2 * p, torch.device("cpu"))
-              for s in (r, r + p)]  # fmt: skip
+              for s in (r, r + p)]
     schedule = ScheduleLoopedBFS(stages, m)
     return [[(a.computation_type.value, a.stage_index, a.microbatch_index)
              for a in acts if a is not None and a.computation_type.value in ("F", "B")]
-            for _, acts in sorted(schedule.pipeline_order.items())]  # fmt: skip
+            for _, acts in sorted(schedule.pipeline_order.items())]
 
 
 def exercise_3(predict_looped_bfs, cluster) -> None:
@@ -222,4 +222,4 @@ def exercise_4(smallest_interleaved_m) -> None:
     """``smallest_interleaved_m()``: with p = 8 ranks and ``Interleaved1F1B`` at v = 2 stages
     per rank, the smallest m that torch runs and whose bubble is at most 10%."""
     _check_smallest_m(smallest_interleaved_m(), 8, 2, "Interleaved1F1B",
-                      "smallest_interleaved_m()")  # fmt: skip
+                      "smallest_interleaved_m()")

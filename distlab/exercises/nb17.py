@@ -54,7 +54,7 @@ def exercise_1(predicted_rows) -> None:
         got = guess[name]
         if isinstance(got, numbers.Integral):
             raise AssertionError(f"{name}: one number per rank, a list of 3 like [a, b, c]; got "
-                                 f"{got!r}")  # fmt: skip
+                                 f"{got!r}")
         if isinstance(got, (list, tuple)) and len(got) == 3 and sum(got) != sum(want):
             raise AssertionError(
                 f"{name}: your rows add up to {sum(got)}, but the weight has {sum(want)} rows "
@@ -125,7 +125,7 @@ def exercise_2(predicted_restart, every=3, crash_after=5) -> None:
     try:
         try:
             expect.run(_train, root, crash_after + 1, every, crash_after, world_size=2,
-                       timeout=TIMEOUT)  # fmt: skip
+                       timeout=TIMEOUT)
         except RankError:
             pass  # rank 1 died, as it should
         start = _latest(root)
@@ -133,10 +133,10 @@ def exercise_2(predicted_restart, every=3, crash_after=5) -> None:
         shutil.rmtree(root, ignore_errors=True)
     truth = (start, crash_after - start)
     for what, got, want in zip(("the step it resumes from", "the steps done twice"), guess, truth,
-                               strict=True):  # fmt: skip
+                               strict=True):
         if not isinstance(got, numbers.Integral) or isinstance(got, bool):
             raise AssertionError(f"{what} should be an int like {want}; got "
-                                 f"{expect.describe(got)}")  # fmt: skip
+                                 f"{expect.describe(got)}")
     if guess[0] != truth[0]:
         saved = [s for s in range(every, crash_after + 1, every)]
         raise AssertionError(

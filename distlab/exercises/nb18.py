@@ -47,10 +47,10 @@ def _as_set_of_ranks(guess, what: str, example) -> set:
         )
     if not isinstance(guess, set):
         raise AssertionError(f"{what} should be a set of ranks (ints), like {example!r}; got "
-                             f"{expect.describe(guess)}")  # fmt: skip
+                             f"{expect.describe(guess)}")
     if not all(isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in guess):
         raise AssertionError(f"{what} should hold ranks as ints, like {example!r}; got "
-                             f"{guess!r}")  # fmt: skip
+                             f"{guess!r}")
     return guess
 
 
@@ -89,7 +89,7 @@ def exercise_1(named_with_default, cluster) -> None:
     default). The grader runs it on the cluster and reads rank 0's message."""
     guess = named_with_default()
     outcome = _quietly(_on_short_group, _train_checked, BATCHES, False, cluster=cluster,
-                       timeout=TIMEOUT)  # fmt: skip
+                       timeout=TIMEOUT)
     how, message = outcome[0]
     truth = _named(message) if how == "raised" else set()
     _as_set_of_ranks(guess, "named_with_default()", {0})
@@ -104,7 +104,7 @@ def _last_seq(dump, group_name) -> int:
     """The last call number on ``group_name`` in one rank's dump, from its *entries* (the
     learner reads ``pg_status``: the grader's truth comes from the other field)."""
     seqs = [e["collective_seq_id"] for e in dump["entries"]
-            if e["process_group"][0] == group_name]  # fmt: skip
+            if e["process_group"][0] == group_name]
     return max(seqs, default=0)
 
 
@@ -118,10 +118,10 @@ def _synthetic(lasts: dict[str, list[int]]) -> list[dict]:
             {"process_group": (name, "synthetic"), "collective_seq_id": seq,
              "profiling_name": "gloo:all_reduce"}
             for name, per_rank in lasts.items() for seq in range(1, per_rank[r] + 1)
-        ]  # fmt: skip
+        ]
         status = {name: {"last_enqueued_collective": per_rank[r],
                          "last_started_collective": -1, "last_completed_collective": -1}
-                  for name, per_rank in lasts.items()}  # fmt: skip
+                  for name, per_rank in lasts.items()}
         dumps.append({"entries": entries, "pg_status": status})
     return dumps
 
@@ -184,7 +184,7 @@ def exercise_3(predicted_aspect, cluster) -> None:
     guess = predicted_aspect()
     if not isinstance(guess, str) or guess not in ASPECTS:
         near = [a for a in ASPECTS if isinstance(guess, str) and guess.strip()
-                and guess.strip().lower() in a.lower()]  # fmt: skip
+                and guess.strip().lower() in a.lower()]
         raise AssertionError(
             f"predicted_aspect() should be exactly one of {', '.join(map(repr, ASPECTS))}; got "
             f"{expect.describe(guess)}"

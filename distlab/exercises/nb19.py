@@ -103,7 +103,7 @@ def exercise_1(global_grad_norm, cluster) -> None:
     whole gradient as a Python float, the same on every rank, equal to one process's, with
     exactly one collective (an all_reduce), leaving the gradients as they were."""
     results = expect.run(_norm_case, global_grad_norm, _fresh_seed(), cluster=cluster,
-                         timeout=TIMEOUT)  # fmt: skip
+                         timeout=TIMEOUT)
     truth = results[0]["truth"]
     for rank, r in enumerate(results):
         got = r["got"]
@@ -127,7 +127,7 @@ def exercise_1(global_grad_norm, cluster) -> None:
         counts = r["counts"]
         reduces = sum(n for op, n in counts.items() if "all_reduce" in op or "allreduce" in op)
         others = {op: n for op, n in counts.items() if "all_reduce" not in op
-                  and "allreduce" not in op}  # fmt: skip
+                  and "allreduce" not in op}
         if others:
             ran = ", ".join(f"{op} x{n}" for op, n in sorted(counts.items()))
             raise AssertionError(
@@ -323,14 +323,14 @@ def exercise_2(scaled_step) -> None:
 
 #: (name, param_dtype, reduce_dtype) as the notebook writes them; resolved on the ranks.
 POLICIES = (("no policy", None, None), ("bf16 + fp32 reduce", "bfloat16", "float32"),
-            ("bf16, reduce_dtype=None", "bfloat16", None))  # fmt: skip
+            ("bf16, reduce_dtype=None", "bfloat16", None))
 #: The policies one more is drawn from at every check (a table of the cases above does not
 #: pass), and the world size measured on ranks of their own besides the cluster's (a formula
 #: right for 1 and 2 ranks only does not pass either).
 OTHER_POLICIES = tuple((f"param_dtype={pd}, reduce_dtype={rd}", pd, rd)
                        for pd in ("float16", "bfloat16", "float32")
                        for rd in (None, "float32", "bfloat16", "float16")
-                       if (pd, rd) not in {(p, r) for _, p, r in POLICIES})  # fmt: skip
+                       if (pd, rd) not in {(p, r) for _, p, r in POLICIES})
 MORE_RANKS = 4
 
 
@@ -385,10 +385,10 @@ def exercise_3(fsdp_bytes, cluster) -> None:
     policies = (*POLICIES, random.SystemRandom().choice(OTHER_POLICIES))
     measured = expect.run(_measure_policies, policies, cluster=cluster, timeout=TIMEOUT)[0]
     more = expect.run(_measure_policies, policies, False, world_size=MORE_RANKS,
-                      timeout=3 * TIMEOUT)[0]  # fmt: skip
+                      timeout=3 * TIMEOUT)[0]
     measured.update(more)
     for (n, name), truth in sorted(measured.items(), key=lambda kv: (kv[0][0] == MORE_RANKS,
-                                                                     -kv[0][0])):  # fmt: skip
+                                                                     -kv[0][0])):
         pd, rd = next((p, r) for nm, p, r in policies if nm == name)
         pd, rd = pd and getattr(torch, pd), rd and getattr(torch, rd)
         call = f"fsdp_bytes({n}, {pd}, {rd})"

@@ -40,7 +40,7 @@ def _random_shape():
         seq_len = r.randrange(4, 33)
         options = {"dim": heads * r.choice((4, 8)), "n_heads": heads,
                    "mlp_ratio": r.choice((1, 2, 3, 4)), "vocab": r.randrange(20, 80),
-                   "seq_len": seq_len}  # fmt: skip
+                   "seq_len": seq_len}
         shape = options, r.randrange(1, 7), r.randrange(1, seq_len + 1)
         if key(*shape) not in fixed:  # never one of the shapes above, by a rare chance
             return shape
@@ -69,11 +69,11 @@ class _from_the_shapes:
 
         self._saved = [(activations.Meter, "__enter__", activations.Meter.__enter__),
                        (predict_module, "_gpt_modules", predict_module._gpt_modules),
-                       (gpt.GPT, "forward", gpt.GPT.forward)]  # fmt: skip
+                       (gpt.GPT, "forward", gpt.GPT.forward)]
         for owner, name, what in zip(
             [o for o, _, _ in self._saved], [n for _, n, _ in self._saved],
             ("activations.Meter", "activations.predict", "a tiny GPT's forward"), strict=True,
-        ):  # fmt: skip
+        ):
             setattr(owner, name, refuse(what))
         return self
 

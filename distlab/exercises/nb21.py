@@ -23,7 +23,7 @@ TIMEOUT = 30.0
 
 STEPS = 3
 ATTENTION_SHARDS = {"layers.*.attn.wq.weight": 0, "layers.*.attn.wk.weight": 0,
-                    "layers.*.attn.wv.weight": 0, "layers.*.attn.wo.weight": 1}  # fmt: skip
+                    "layers.*.attn.wv.weight": 0, "layers.*.attn.wo.weight": 1}
 
 
 class F(torch.autograd.Function):
@@ -83,7 +83,7 @@ def _train(model, recorder, loss_context=None, count=False):
                 {way: {str(op).split(".")[-1]: n for op, n in ops.items() if n}
                  for way, ops in cm.comm_module_counts.get(f"GPT.layers.{i}", {}).items()}
                 for i in range(config.n_layers)
-            ])  # fmt: skip
+            ])
         opt.step()
         recorder.record(step, loss, model, opt)
         opt.zero_grad()
@@ -125,7 +125,7 @@ def _other_worlds(answer) -> dict | None:
                 if got is None or got.shape != want.shape or not torch.equal(got.detach(), want):
                     shape = None if got is None else tuple(got.shape)
                     return {"world": world, "rank": rank, "name": f"{name}.weight",
-                            "want": tuple(want.shape), "got": shape, "dim": dim}  # fmt: skip
+                            "want": tuple(want.shape), "got": shape, "dim": dim}
     return None
 
 
@@ -168,11 +168,11 @@ def exercise_1(shard_attention, cluster) -> None:
     from .. import gpt, gradcheck
 
     results = expect.run(_sharded_attention_run, shard_attention, cluster=cluster,
-                         timeout=TIMEOUT)  # fmt: skip
+                         timeout=TIMEOUT)
     world = len(results)
     dim = gpt.Config().dim
     want = {"wq.weight": (dim // world, dim), "wk.weight": (dim // world, dim),
-            "wv.weight": (dim // world, dim), "wo.weight": (dim, dim // world)}  # fmt: skip
+            "wv.weight": (dim // world, dim), "wo.weight": (dim, dim // world)}
     for rank, r in enumerate(results):
         if "returned" in r:
             raise AssertionError(
@@ -200,7 +200,7 @@ def exercise_1(shard_attention, cluster) -> None:
                 f"{r['failed']}"
             )
     report = gradcheck.compare([r["recorder"] for r in results],
-                               gpt.reference_run(gpt.Config(), steps=STEPS))  # fmt: skip
+                               gpt.reference_run(gpt.Config(), steps=STEPS))
     if not report.ok:
         raise AssertionError(f"not the one-process run: {report.mismatch.text()}")
     for r in results:
@@ -210,7 +210,7 @@ def exercise_1(shard_attention, cluster) -> None:
             lo = other["rank"] * k
             part = "rows" if other["dim"] == 0 else "columns"
             got = ("the wrong values" if other["got"] == other["want"] else
-                   f"shape {other['got']}")  # fmt: skip
+                   f"shape {other['got']}")
             raise AssertionError(
                 f"right on this 2-rank cluster, but called with rank {other['rank']} and "
                 f"world_size={other['world']}, attn.{other['name']} should hold {part} "
@@ -265,7 +265,7 @@ def exercise_2(megatron_plan, cluster) -> None:
         raise AssertionError(f"parallelizing and training with your plan failed: {r['failed']}")
     for step, blocks in enumerate(r["counts"]):
         for (block, counted), way in itertools.product(enumerate(blocks),
-                                                       ("forward", "backward")):  # fmt: skip
+                                                       ("forward", "backward")):
             ops = counted.get(way, {})
             if ops != {"all_reduce": 2}:
                 extra = ""
@@ -282,7 +282,7 @@ def exercise_2(megatron_plan, cluster) -> None:
                     f"{block} ran {_text(ops)} at step {step}{extra}"
                 )
     report = gradcheck.compare([x["recorder"] for x in results],
-                               gpt.reference_run(gpt.Config(), steps=STEPS))  # fmt: skip
+                               gpt.reference_run(gpt.Config(), steps=STEPS))
     if not report.ok:
         raise AssertionError(
             f"the counts are right, but the model is not the one-process model: "
@@ -329,7 +329,7 @@ def _count_run(cases):
             way: {_SHORT.get(str(op).split(".")[-1], str(op).split(".")[-1]): n
                   for op, n in ops.items() if n}
             for way, ops in ways.items()
-        }  # fmt: skip
+        }
     return counted
 
 

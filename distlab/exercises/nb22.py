@@ -369,7 +369,7 @@ def exercise_3(allgather_attention, cluster) -> None:
     causal attention over the whole sequence, through an all-gather of the keys and values.
     Checked against one process, rank by rank, in q's dtype."""
     values, calls = expect.collectives(_allgather_case, allgather_attention, cluster=cluster,
-                                       timeout=TIMEOUT)  # fmt: skip
+                                       timeout=TIMEOUT)
     world = len(values)
     for n in range(len(CHUNKS)):
         c, heads, d = CHUNKS[n]
@@ -391,7 +391,7 @@ def exercise_3(allgather_attention, cluster) -> None:
                     f"{shape} (batch, heads, tokens, head dim); {case}, rank {rank} returned "
                     f"shape {got['got_shape']}"
                     + (" (the chunk size is q.shape[2], not a fixed number)"
-                       if c != CHUNKS[0][0] else "")  # fmt: skip
+                       if c != CHUNKS[0][0] else "")
                 )
             if "dtype" in got:
                 raise AssertionError(

@@ -38,7 +38,7 @@ def _choices_first(experts, num_experts, capacity):
     order = [(t, s, int(experts[t, s])) for s in range(k) for t in range(tokens)]
     kept = _keep_in_order(order, num_experts, capacity)
     return torch.tensor([[(t, s) in kept for s in range(k)] for t in range(tokens)],
-                        dtype=torch.bool).view(tokens, k)  # fmt: skip
+                        dtype=torch.bool).view(tokens, k)
 
 
 def _tokens_first(experts, num_experts, capacity):
@@ -48,7 +48,7 @@ def _tokens_first(experts, num_experts, capacity):
     order = [(t, s, int(experts[t, s])) for t in range(tokens) for s in range(k)]
     kept = _keep_in_order(order, num_experts, capacity)
     return torch.tensor([[(t, s) in kept for s in range(k)] for t in range(tokens)],
-                        dtype=torch.bool).view(tokens, k)  # fmt: skip
+                        dtype=torch.bool).view(tokens, k)
 
 
 def _routing_cases():
@@ -69,7 +69,7 @@ def _routing_cases():
         if experts == 5:
             picks[picks == 4] = 0  # expert 4: nobody picks it
             picks = torch.stack([torch.tensor([0, 1]) if row[0] == row[1] else row
-                                 for row in picks])  # fmt: skip
+                                 for row in picks])
         cases.append(
             (
                 f"12 tokens, k = {k}, {experts} experts, capacity {capacity}",
@@ -189,7 +189,7 @@ def _exchange_cases(exchange):
     for case in CASES:
         out = exchange(_rows(rank, sum(case[rank])), list(case[rank]))
         got.append(out.detach().clone() if isinstance(out, torch.Tensor) else
-                   expect.describe(out))  # fmt: skip
+                   expect.describe(out))
     return got
 
 
@@ -205,7 +205,7 @@ def exercise_2(exchange, cluster) -> None:
 
     try:
         values, calls = expect.collectives(_exchange_cases, exchange, cluster=cluster,
-                                           timeout=TIMEOUT)  # fmt: skip
+                                           timeout=TIMEOUT)
     except RankError as e:
         if _not_written_on_ranks(e):
             raise  # the skeleton: "not attempted yet"
@@ -223,7 +223,7 @@ def exercise_2(exchange, cluster) -> None:
             want = _expected(case, rank)
             sources = [send[rank] for send in case]
             what = (f"in case {n + 1} (send = {[list(s) for s in case]}), rank {rank}'s "
-                    "received rows")  # fmt: skip
+                    "received rows")
             if not isinstance(got[n], torch.Tensor):
                 raise AssertionError(
                     f"{what} should be one tensor of {len(want)} rows; got {got[n]}"

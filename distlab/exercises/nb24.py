@@ -17,12 +17,12 @@ from . import expect
 #: Seconds a check may take on the cluster: new meshes and a step of a 2-D model, busy ranks.
 TIMEOUT = 30.0
 
-#: (dp, tp) shapes for exercise 1: square, a size-1 dimension each way, uneven, larger.
+#: (dp, tp) shapes for exercise 1: square, a size-1 axis each way, uneven, larger.
 SHAPES_1 = ((2, 2), (4, 1), (1, 4), (2, 4), (4, 2), (3, 2))
-#: Meshes of the live 4-rank cluster for exercise 2, as (dimension names, shape): dp first in
+#: Meshes of the live 4-rank cluster for exercise 2, as (axis names, shape): dp first in
 #: three shapes, then tp first (a rank's first coordinate is then its tp index).
 MESHES_2 = ((("dp", "tp"), (2, 2)), (("dp", "tp"), (4, 1)), (("dp", "tp"), (1, 4)),
-            (("tp", "dp"), (2, 2)))  # fmt: skip
+            (("tp", "dp"), (2, 2)))
 BATCH = 8  # sequences in a step's global batch (as in the notebook)
 STEPS = 1
 
@@ -52,7 +52,7 @@ def _as_groups(value, what: str) -> list:
         isinstance(g, (list, tuple)) and all(isinstance(r, int) and not isinstance(r, bool)
                                              for r in g)
         for g in value
-    ):  # fmt: skip
+    ):
         raise AssertionError(
             f"{what} should be a list of groups, each a list of ranks (ints), like [[0, 1], "
             f"[2, 3]]; got {expect.describe(value)}"
@@ -69,7 +69,7 @@ def exercise_1(mesh_groups) -> None:
 
     r = random.SystemRandom()  # a table of the shapes above does not pass:
     drawn = r.choice([(dp, tp) for dp in range(1, 7) for tp in range(1, 7)
-                      if (dp, tp) not in SHAPES_1 and dp * tp > 1])  # fmt: skip
+                      if (dp, tp) not in SHAPES_1 and dp * tp > 1])
     for dp, tp in (*SHAPES_1, drawn):
         got = mesh_groups(dp, tp)
         shape = f"a {dp}x{tp} mesh (dp={dp}, tp={tp}, ranks 0-{dp * tp - 1})"
@@ -79,12 +79,12 @@ def exercise_1(mesh_groups) -> None:
                 f"it returned {expect.describe(got)}"
             )
         want = expected_groups(dp, tp)
-        for dim, size, other in (("dp", dp, tp), ("tp", tp, dp)):
-            groups = _as_groups(got[dim], f'for {shape}, mesh_groups(...)["{dim}"]')
-            if sorted(groups) != sorted(want[dim]):
+        for axis, size, other in (("dp", dp, tp), ("tp", tp, dp)):
+            groups = _as_groups(got[axis], f'for {shape}, mesh_groups(...)["{axis}"]')
+            if sorted(groups) != sorted(want[axis]):
                 raise AssertionError(
-                    f"for {shape} the {dim} groups should be {want[dim]} ({other} groups of "
-                    f"{size}: a {'column' if dim == 'dp' else 'row'} of the mesh each, ranks "
+                    f"for {shape} the {axis} groups should be {want[axis]} ({other} groups of "
+                    f"{size}: a {'column' if axis == 'dp' else 'row'} of the mesh each, ranks "
                     f"numbered row by row as init_device_mesh does); yours are {groups}"
                 )
 
@@ -102,7 +102,7 @@ def _shares(local_batch):
         mesh = _mesh(names, shape)
         got = local_batch(0, mesh)
         ok = (isinstance(got, tuple) and len(got) == 2
-              and all(isinstance(t, torch.Tensor) for t in got))  # fmt: skip
+              and all(isinstance(t, torch.Tensor) for t in got))
         share = tuple(t.detach().clone() for t in got) if ok else _short(got)
         out[names, shape] = (share, mesh["tp"].mesh.tolist(), mesh["dp"].size())
     return out
@@ -126,8 +126,8 @@ def _check_shares(results, names: tuple, shape: tuple) -> None:
 
     tokens, targets = gpt.batch(0, BATCH, gpt.Config())
     rows = {tuple(row.tolist()): i for i, row in enumerate(tokens)}
-    dims = ", ".join(f"{n}={size}" for n, size in zip(names, shape, strict=True))
-    where = f"on the {'x'.join(map(str, shape))} mesh ({dims})"
+    axes = ", ".join(f"{n}={size}" for n, size in zip(names, shape, strict=True))
+    where = f"on the {'x'.join(map(str, shape))} mesh ({axes})"
     taken = []  # per rank: the indices of the batch's sequences it trains on
     for rank, r in enumerate(results):
         got = r[names, shape][0]
@@ -249,7 +249,7 @@ def _on_ranks(fn, local_batch, cluster):
 
 def exercise_2(local_batch, cluster) -> None:
     """``local_batch(step, mesh)`` -> ``(tokens, targets)``: this rank's share of
-    ``gpt.batch(step, 8)`` on a mesh with a "dp" and a "tp" dimension, in either order: 8 / dp
+    ``gpt.batch(step, 8)`` on a mesh with a "dp" and a "tp" axis, in either order: 8 / dp
     whole sequences with their targets, the same on every rank of a tensor-parallel group, each
     sequence in exactly one data-parallel share. Checked on 2x2, 4x1 and 1x4 ("dp", "tp") meshes
     and a 2x2 ("tp", "dp") one (a rank's first coordinate is then its tp index) of the live
@@ -263,5 +263,5 @@ def exercise_2(local_batch, cluster) -> None:
     records = _on_ranks(_train_2d, local_batch, cluster)
     # One process's run, on rank 0 (its optimizer machinery is imported; the kernel's may not be).
     reference = cluster.run(gpt.reference_run, steps=STEPS, ranks=0, timeout=TIMEOUT,
-                            _record=False)[0]  # fmt: skip
+                            _record=False)[0]
     gradcheck.compare(records, reference).check()

@@ -27,7 +27,7 @@ def exercise_1(state_bytes) -> None:
     for tp, pp, dp in LAYOUTS_1:
         for stage in sorted({0, min(1, pp - 1), pp // 2, pp - 1}):
             want = memory_per_device(model, dp=dp, tp=tp, pp=pp, stage=stage, zero=3,
-                                     precision="bf16-fsdp2")  # fmt: skip
+                                     precision="bf16-fsdp2")
             want = want.params + want.grads + want.optimizer
             got = state_bytes(stage, tp, pp, dp)
             what = f"state_bytes({stage}, {tp}, {pp}, {dp})"
@@ -35,7 +35,7 @@ def exercise_1(state_bytes) -> None:
                 hint = " (bytes are whole numbers: round up each shard with -(-n // dp))" if (
                     isinstance(got, float)) else ""
                 raise AssertionError(f"{what} should be an int of bytes, got "
-                                     f"{expect.describe(got)}{hint}")  # fmt: skip
+                                     f"{expect.describe(got)}{hint}")
             if got != want:
                 raise AssertionError(f"{what} gave {got:,} bytes; a rank of stage {stage} holds "
                                      f"{want:,}{_hint_1(got, want, stage, tp, pp, dp)}")
@@ -75,14 +75,14 @@ def exercise_2(min_tokens) -> None:
     rng = random.Random(25)
     cases = [(8, 989e12 * 0.5, 50e9), (2, 400e12, 25e9), (64, 312e12, 100e9)]
     cases += [(rng.randint(2, 512), rng.uniform(1e14, 2e15), rng.uniform(1e10, 9e11))
-              for _ in range(5)]  # fmt: skip
+              for _ in range(5)]
     for dp, flops, bandwidth in cases:
         want = (dp - 1) / dp * flops / bandwidth
         got = min_tokens(dp, flops, bandwidth)
         what = f"min_tokens({dp}, {flops:.3g}, {bandwidth:.3g})"
         if not isinstance(got, numbers.Real) or isinstance(got, bool) or not math.isfinite(got):
             raise AssertionError(f"{what} should be a number of tokens, got "
-                                 f"{expect.describe(got)}")  # fmt: skip
+                                 f"{expect.describe(got)}")
         if math.isclose(got, want, rel_tol=1e-6):
             continue
         ratio = got / want if want else float("inf")
@@ -93,4 +93,4 @@ def exercise_2(min_tokens) -> None:
                  1 / 3: " (the forward only: one all-gather against the forward's matmuls)"}
         hint = next((h for r, h in hints.items() if math.isclose(ratio, r, rel_tol=1e-3)), "")
         raise AssertionError(f"{what} gave {got:.4g}; the all-gather hides behind the forward "
-                             f"from {want:.4g} tokens per rank{hint}")  # fmt: skip
+                             f"from {want:.4g} tokens per rank{hint}")

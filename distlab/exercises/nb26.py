@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from . import expect
 
-#: (pp, dp, tp) shapes the checks try: the notebook's, a size-1 dimension each way, uneven.
+#: (pp, dp, tp) shapes the checks try: the notebook's, a size-1 axis each way, uneven.
 SHAPES = ((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 4, 1), (3, 2, 2), (2, 3, 4))
-DIMS = ("pp", "dp", "tp")
+AXES = ("pp", "dp", "tp")
 
 
 def coordinates(rank: int, pp: int, dp: int, tp: int) -> tuple[int, int, int]:
@@ -20,14 +20,14 @@ def coordinates(rank: int, pp: int, dp: int, tp: int) -> tuple[int, int, int]:
 
 
 def expected_groups(pp: int, dp: int, tp: int) -> dict:
-    """Every group of each dimension: the ranks that differ only in that coordinate, in order."""
+    """Every group of each mesh axis: the ranks that differ only in that coordinate, in order."""
     groups = {}
-    for i, dim in enumerate(DIMS):
+    for i, axis in enumerate(AXES):
         by_rest: dict = {}
         for rank in range(pp * dp * tp):
             coord = coordinates(rank, pp, dp, tp)
             by_rest.setdefault(coord[:i] + coord[i + 1:], []).append(rank)
-        groups[dim] = list(by_rest.values())
+        groups[axis] = list(by_rest.values())
     return groups
 
 
@@ -36,35 +36,35 @@ def _as_groups(value, what: str) -> list:
         isinstance(g, (list, tuple)) and all(isinstance(r, int) and not isinstance(r, bool)
                                              for r in g)
         for g in value
-    ):  # fmt: skip
+    ):
         raise AssertionError(f"{what} should be a list of groups, each a list of ranks (ints), "
-                             f"like [[0, 4], [1, 5]]; got {expect.describe(value)}")  # fmt: skip
+                             f"like [[0, 4], [1, 5]]; got {expect.describe(value)}")
     return [list(g) for g in value]
 
 
 def exercise_1(mesh_groups) -> None:
     """``mesh_groups(pp, dp, tp)`` -> ``{"pp": [...], "dp": [...], "tp": [...]}``: every group of
-    each dimension of a ``(pp, dp, tp)`` mesh, each a list of ranks in mesh order; the order of
+    each axis of a ``(pp, dp, tp)`` mesh, each a list of ranks in mesh order; the order of
     the groups does not matter."""
     for pp, dp, tp in SHAPES:
         got = mesh_groups(pp, dp, tp)
         shape = f"a {pp}x{dp}x{tp} mesh (pp={pp}, dp={dp}, tp={tp})"
-        if not isinstance(got, dict) or set(got) != set(DIMS):
+        if not isinstance(got, dict) or set(got) != set(AXES):
             raise AssertionError(f'mesh_groups should return a dict with the keys "pp", "dp" '
                                  f'and "tp"; for {shape} it returned {expect.describe(got)}')
         want = expected_groups(pp, dp, tp)
-        for dim in DIMS:
-            groups = _as_groups(got[dim], f'for {shape}, mesh_groups(...)["{dim}"]')
-            if sorted(groups) == sorted(want[dim]):
+        for axis in AXES:
+            groups = _as_groups(got[axis], f'for {shape}, mesh_groups(...)["{axis}"]')
+            if sorted(groups) == sorted(want[axis]):
                 continue
             hint = ""
-            if dim == "dp" and any(len({r // (dp * tp) for r in g}) > 1 for g in groups):
+            if axis == "dp" and any(len({r // (dp * tp) for r in g}) > 1 for g in groups):
                 hint = (" (a dp group stays inside one pipeline stage: its ranks share the pp "
                         "and tp coordinates)")
-            elif sorted(map(sorted, groups)) == sorted(map(sorted, want[dim])):
+            elif sorted(map(sorted, groups)) == sorted(map(sorted, want[axis])):
                 hint = " (the right ranks, in another order: list each group in mesh order)"
-            raise AssertionError(f"for {shape} the {dim} groups should be {want[dim]}; yours "
-                                 f"are {groups}{hint}")  # fmt: skip
+            raise AssertionError(f"for {shape} the {axis} groups should be {want[axis]}; yours "
+                                 f"are {groups}{hint}")
 
 
 def exercise_2(stage_peers) -> None:
@@ -79,7 +79,7 @@ def exercise_2(stage_peers) -> None:
             what = f"stage_peers({rank}, {pp}, {dp}, {tp})"
             if not isinstance(got, tuple) or len(got) != 2:
                 raise AssertionError(f"{what} should return a tuple (previous, next), got "
-                                     f"{expect.describe(got)}")  # fmt: skip
+                                     f"{expect.describe(got)}")
             if got == (before, after):
                 continue
             hint = ""

@@ -320,7 +320,7 @@ def _follow(ref, got, ranks, drifts) -> None:
             if mine is None or mine.shape != target.shape:
                 continue
             state = {k: ref.state[f"{name}.{k}"] for k in _STATE_KEYS
-                     if f"{name}.{k}" in ref.state}  # fmt: skip
+                     if f"{name}.{k}" in ref.state}
             drift = drifts.setdefault((rank, name), Drift())
             drift.update((mine.double() - target.double()).abs(), target, state, setting)
 

@@ -30,7 +30,7 @@ KNOWN = ("SGD", "Adam", "AdamW")
 
 #: What a parameter's update depends on, as ``param_groups`` name it (those an optimizer has).
 _KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "amsgrad",
-         "maximize", "decoupled_weight_decay")  # fmt: skip
+         "maximize", "decoupled_weight_decay")
 
 
 def _plain(value):
@@ -73,7 +73,7 @@ def differences(mine: dict, reference: dict) -> str | None:
     for key in _KEYS:
         a, b = mine.get(key), reference.get(key)
         same = a == b or (isinstance(a, (int, float)) and isinstance(b, (int, float))
-                          and math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0))  # fmt: skip
+                          and math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0))
         if not same:
             return f"the ranks' {kind} has {key}={_show(a)}, one process {key}={_show(b)}"
     return None
@@ -101,7 +101,7 @@ class Drift:
     def __init__(self):
         self.params = 0.0
         self.state: dict = {}
-        self._m = self._v = self._buf = 0.0
+        self._m = self._v = self._v_peak = self._buf = 0.0
         self._steps = 0
 
     def update(self, grad_diff, grad, state: dict, setting: dict) -> None:
@@ -132,14 +132,19 @@ class Drift:
             dg = dg + wd * self.params
         self._m = b1 * self._m + (1 - b1) * dg
         self._v = b2 * self._v + (1 - b2) * (2 * g.abs() * dg + dg * dg)
+        # AMSGrad divides by the running maximum of v: two running maxima differ by at most the
+        # largest difference of v so far, which can be larger than this step's.
+        self._v_peak = torch.maximum(torch.as_tensor(self._v_peak, dtype=torch.float64), self._v)
         m = state.get("exp_avg")
-        v = state.get("max_exp_avg_sq") if setting.get("amsgrad") else state.get("exp_avg_sq")
-        self.state = {"exp_avg": self._m, "exp_avg_sq": self._v, "max_exp_avg_sq": self._v}
+        amsgrad = bool(setting.get("amsgrad"))
+        v = state.get("max_exp_avg_sq") if amsgrad else state.get("exp_avg_sq")
+        self.state = {"exp_avg": self._m, "exp_avg_sq": self._v, "max_exp_avg_sq": self._v_peak}
         if m is None or v is None:
             return
         m, v = m.double().abs(), v.double()
         bc1, bc2 = 1 - b1**step, 1 - b2**step
-        dv = torch.as_tensor(self._v, dtype=torch.float64).expand_as(v)
+        dv = torch.as_tensor(self._v_peak if amsgrad else self._v, dtype=torch.float64)
+        dv = dv.expand_as(v)
         root, low = v.sqrt(), (v - dv).clamp(min=0).sqrt()  # the rank's sqrt(v) is >= low
         denom = root / math.sqrt(bc2) + eps
         least = low / math.sqrt(bc2) + eps

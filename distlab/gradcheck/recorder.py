@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._config import check_int
 from .optimizers import settings
 
 __all__ = ["Recorder", "Step", "clean_name"]
@@ -106,7 +107,7 @@ class Recorder:
 
     Raises:
         ValueError: ``layer_offset`` not an int >= 0 (or a list of them); a ``shards`` dim that
-            is not an int; a DeviceMesh with more than one dimension (slice it).
+            is not an int; a DeviceMesh with more than one axis (slice it).
     """
 
     def __init__(
@@ -120,14 +121,11 @@ class Recorder:
     ):
         offsets = layer_offset if isinstance(layer_offset, (list, tuple)) else [layer_offset]
         for offset in offsets:
-            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-                raise ValueError(
-                    f"layer_offset must be an int >= 0 (or a list of them, one per module), "
-                    f"got {layer_offset!r}"
-                )
+            check_int(offset, "layer_offset", low=0, message=(
+                f"layer_offset must be an int >= 0 (or a list of them, one per module), "
+                f"got {layer_offset!r}"))
         for pattern, dim in (shards or {}).items():
-            if isinstance(dim, bool) or not isinstance(dim, int):
-                raise ValueError(f"shards[{pattern!r}] must be a dim (an int), got {dim!r}")
+            check_int(dim, f"shards[{pattern!r}]", noun="a dim (an int)")
         self.rank, self.world_size = _rank_and_world()
         self.steps: dict[int, Step] = {}
         self.layer_offset = layer_offset
@@ -183,8 +181,7 @@ class Recorder:
                 replace or wrap the parameters).
             TypeError: ``model`` is not an ``nn.Module`` (or a list of them).
         """
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        check_int(step, "step", low=0)
         if step in self.steps:
             raise ValueError(f"step {step} was recorded already; record each step once")
         models = list(model) if isinstance(model, (list, tuple)) else [model]

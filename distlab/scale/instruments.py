@@ -6,7 +6,8 @@
   op is passed on (``NotImplemented``) to DTensor, and the local ops it runs come back through
   this mode and are counted.
 - `Collectives`: every collective this rank issues, with the bytes of its buffer and the mesh
-  dimension whose group it runs on; c10d's ops (FSDP's all-gathers and reduce-scatters) and the
+  axis whose group it runs on ("axis" for a DeviceMesh axis, "dim" for a tensor dimension, as
+  torchtitan names them); c10d's ops (FSDP's all-gathers and reduce-scatters) and the
   functional ones (DTensor's redistributions, context parallelism's all-gathers).
 
 Knows nothing about models or layouts.
@@ -25,7 +26,7 @@ from torch.utils.flop_counter import flop_registry
 from .._torch import resolve_process_group
 from .._torch_dispatch import TorchDispatchMode, tree_leaves
 
-__all__ = ["Collective", "Collectives", "LocalFlops"]
+__all__ = ["CollectiveCall", "Collectives", "LocalFlops"]
 
 
 def _is_dtensor_call(types) -> bool:
@@ -67,17 +68,23 @@ class LocalFlops(TorchDispatchMode):
 
 
 @dataclass(frozen=True)
-class Collective:
+class CollectiveCall:
     """One collective call: ``kind`` ("all_gather", "reduce_scatter", "all_reduce",
-    "all_to_all", "send", "recv", "broadcast"), ``dim`` (the mesh dimension, or several joined
-    by "+"), ``ranks`` in its group, and ``nbytes``: the buffer S of the alpha-beta model (the
+    "all_to_all", "send", "recv", "broadcast"), ``axis`` (the mesh axis, or several joined by
+    "+"), ``ranks`` in its group, and ``nbytes``: the buffer S of the alpha-beta model (the
     input of all_reduce, reduce_scatter and all_to_all, the output of all_gather, the message
     of a send)."""
 
     kind: str
-    dim: str
+    axis: str
     ranks: int
     nbytes: int
+
+    @property
+    def dim(self) -> str:
+        """The old name of ``axis`` (notebooks 25 and 26 read it): the mesh axis, not a tensor
+        dimension. Use ``axis``."""
+        return self.axis
 
     @property
     def sent(self) -> float:
@@ -129,17 +136,18 @@ def _nbytes(x) -> int:
 
 
 class Collectives(TorchDispatchMode):
-    """Record the collectives issued while it is active, in ``calls`` (a list of `Collective`).
+    """Record the collectives issued while it is active, in ``calls`` (a list of
+    `CollectiveCall`).
 
     Args:
-        names: ``{group_name: mesh dimension name}`` for the groups of the mesh (a group not in
-            it is recorded under its own name).
+        names: ``{group_name: mesh axis name}`` for the groups of the mesh (a group not in it is
+            recorded under its own name).
     """
 
     def __init__(self, names: dict[str, str]):
         super().__init__()
         self.names = dict(names)
-        self.calls: list[Collective] = []
+        self.calls: list[CollectiveCall] = []
 
     def _group(self, args, kwargs) -> tuple[str, int]:
         for a in tree_leaves((args, kwargs)):
@@ -150,7 +158,7 @@ class Collectives(TorchDispatchMode):
                     continue
                 return self.names.get(group.group_name, group.group_name), group.size()
         name = next((a for a in tree_leaves((args, kwargs)) if isinstance(a, str)
-                     and a in self.names), None)  # fmt: skip
+                     and a in self.names), None)
         if name is not None:
             return self.names[name], resolve_process_group(name).size()
         return "?", 1
@@ -163,7 +171,7 @@ class Collectives(TorchDispatchMode):
         entry = _OPS.get(func.namespace, {}).get(func._overloadpacket.__name__)
         if entry is not None:
             kind, which = entry
-            dim, ranks = self._group(args, kwargs)
+            axis, ranks = self._group(args, kwargs)
             nbytes = _nbytes(out if which is None else args[which])
-            self.calls.append(Collective(kind, dim, ranks, nbytes))
+            self.calls.append(CollectiveCall(kind, axis, ranks, nbytes))
         return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._config import check_int
 from ..calculators._text import GB
 from ..calculators.models import get_model
 from .layout import Layout, stage_layers
@@ -62,19 +63,19 @@ class LaidOut:
             if r.stage == stage:
                 return r
         raise KeyError(f"stage {stage} was not simulated; these were: "
-                       f"{[r.stage for r in self.ranks]}")  # fmt: skip
+                       f"{[r.stage for r in self.ranks]}")
 
     def text(self) -> str:
         head = [f"{self.model.name} on {self.layout.text()}"]
         cols = [f"stage {r.stage}" + (f" (of {self.layout.pp})" if r.stage == 0 else "")
-                for r in self.ranks]  # fmt: skip
+                for r in self.ranks]
         rows = [("layers", [f"{r.layers[0]}-{r.layers[-1]}" for r in self.ranks]),
-                ("parameters held", [f"{r.numel:,}" for r in self.ranks])]  # fmt: skip
+                ("parameters held", [f"{r.numel:,}" for r in self.ranks])]
         for label, attr in (("params GB", "params"), ("grads GB", "grads"),
-                            ("Adam state GB", "optimizer")):  # fmt: skip
+                            ("Adam state GB", "optimizer")):
             rows.append((label, [f"{getattr(r, attr) / GB:.2f}" for r in self.ranks]))
         rows.append(("activations GB", [f"{r.activations / GB:.2f} x {r.in_flight}"
-                                        for r in self.ranks]))  # fmt: skip
+                                        for r in self.ranks]))
         rows.append(("peak GB", [f"{r.peak / GB:.2f}" for r in self.ranks]))
         rows.append(("TFLOP per microbatch", [f"{r.flops / 1e12:.1f}" for r in self.ranks]))
         for dim, kind in sorted({key for r in self.ranks for key in r.comm()}):
@@ -89,7 +90,7 @@ class LaidOut:
         lines = head + [" " * width + "  " + header]
         for label, values in rows:
             lines.append(label.ljust(width) + "  " + "  ".join(
-                v.rjust(w) for v, w in zip(values, colw, strict=True)))  # fmt: skip
+                v.rjust(w) for v, w in zip(values, colw, strict=True)))
         return "\n".join(lines)
 
     __repr__ = __str__ = text
@@ -124,8 +125,7 @@ def lay_out(model, layout: Layout, stages=None, *, processes: int = 1,
     stages = distinct_stages(config.layers, layout.pp) if stages is None else list(stages)
     for stage in stages:
         _check(config, layout, stage)
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise ValueError(f"processes must be an int >= 1, got {processes!r}")
+    check_int(processes, "processes", low=1)
     processes = min(processes, len(stages))
     if processes == 1:
         reports = [simulate_rank(config, layout, stage) for stage in stages]
@@ -133,7 +133,7 @@ def lay_out(model, layout: Layout, stages=None, *, processes: int = 1,
         from .. import launch
 
         parts = launch(_simulate, config, layout, stages, processes, world_size=processes,
-                       backend=None, timeout=timeout, threads=1)  # fmt: skip
+                       backend=None, timeout=timeout, threads=1)
         by_stage = {r.stage: r for part in parts for r in part}
         reports = [by_stage[stage] for stage in stages]
     return LaidOut(config, layout, tuple(reports))

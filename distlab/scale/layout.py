@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._config import check_int
 from ..calculators._text import CalculatorError, divisors, one_of
-from ..calculators.memory import CHECKPOINTING
+from ..calculators.memory_estimate import CHECKPOINTING
 from ..calculators.models import stage_layers
 
 __all__ = ["CHECKPOINTING", "PRECISIONS", "Layout", "stage_layers"]
@@ -25,9 +26,7 @@ ZERO = {0: "DDP (replicated)", 3: "FSDP (ZeRO-3)"}
 
 
 def _positive(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CalculatorError(f"{name} must be a whole number >= 1, got {value!r}")
-    return value
+    return check_int(value, name, low=1, noun="a whole number", error=CalculatorError)
 
 
 @dataclass(frozen=True)
@@ -109,16 +108,16 @@ class Layout:
         if self.zero not in ZERO or isinstance(self.zero, bool):
             raise CalculatorError(f"zero must be one of {sorted(ZERO)}, got {self.zero!r}")
         for name, options in (("checkpointing", CHECKPOINTING), ("precision", PRECISIONS),
-                              ("attention", ("sdpa", "written"))):  # fmt: skip
+                              ("attention", ("sdpa", "written"))):
             if getattr(self, name) not in options:
                 raise CalculatorError(f"{name} must be one of {one_of(options)}, got "
-                                      f"{getattr(self, name)!r}")  # fmt: skip
+                                      f"{getattr(self, name)!r}")
         if self.dp % self.ep:
             raise CalculatorError(f"ep={self.ep} must divide dp={self.dp}: expert parallelism "
                                   f"borrows dp ranks; choose ep in {one_of(divisors(self.dp))}")
         if self.seq_len % self.cp:
             raise CalculatorError(f"seq_len={self.seq_len} does not split into cp={self.cp} "
-                                  "equal parts")  # fmt: skip
+                                  "equal parts")
 
     @property
     def world_size(self) -> int:

@@ -8,7 +8,7 @@
 - the peak: MemTracker over forward, backward and the optimizer step of one microbatch, plus
   the other microbatches' activations in flight;
 - FLOPs of forward and backward (`instruments.LocalFlops`) and every collective with its bytes
-  and mesh dimension (`instruments.Collectives`).
+  and mesh axis (`instruments.Collectives`).
 
 torch's private pieces (fake tensors, MemTracker, DTensor's shape propagation) are reached
 through `distlab._torch_simulation`.
@@ -30,7 +30,7 @@ from .report import RankReport
 
 def measure_step(config, layout, stage, names, model) -> RankReport:
     """Run one step of ``model`` (stage ``stage`` of ``layout``, built by `plan_order`) under
-    fake tensors and read the `RankReport` off it; ``names``: ``{group name: mesh dimension}``
+    fake tensors and read the `RankReport` off it; ``names``: ``{group name: mesh axis}``
     (`mesh.group_names`)."""
     rank, dims = rank_of({"pp": stage}, layout.mesh_shape), layout.mesh_shape
 
@@ -75,10 +75,10 @@ def measure_step(config, layout, stage, names, model) -> RankReport:
     return RankReport(
         model=config, layout=layout, rank=rank, coords=coords_of(rank, dims), stage=stage,
         layers=model.layer_ids, numel=numel, params=p_bytes, grads=g_bytes, optimizer=opt,
-        optimizer_steps=steps, activations=activations, in_flight=_in_flight(layout, stage),
+        optimizer_other=steps, activations=activations, in_flight=_in_flight(layout, stage),
         peak_one_microbatch=int(peak_bytes), flops=flops.total // layout.accumulate, tokens=b * s,
         collectives=tuple(comms.calls),
-    )  # fmt: skip
+    )
 
 
 def _state_bytes(model, optimizer) -> tuple[int, int, int, int, int]:
@@ -132,7 +132,7 @@ def _activations(tracker, model) -> int:
 def _bytes(snapshot: dict, kind: str) -> int:
     """The bytes of one kind ("ACT", "Total", ...) in a MemTracker snapshot, over devices."""
     return int(sum(v for per_device in snapshot.values() for k, v in per_device.items()
-                   if str(k).rsplit(".", 1)[-1] == kind))  # fmt: skip
+                   if str(k).rsplit(".", 1)[-1] == kind))
 
 
 def _in_flight(layout: Layout, stage: int) -> int:

@@ -58,7 +58,7 @@ def rank_of(coords: dict, dims: dict) -> int:
 
 
 def group_names(*meshes) -> dict:
-    """``{group name: mesh dimension name}`` for every dimension of these meshes."""
+    """``{group name: mesh axis name}`` for every axis of these meshes."""
     names = {}
     for mesh in meshes:
         for i, dim in enumerate(mesh.mesh_dim_names):

@@ -4,7 +4,7 @@ by PyTorch's own parallel code at its real size, on the meta device and under fa
     from distlab.calculators import PRESETS
     from distlab.scale.model import Llama
     with torch.device("meta"):
-        stage = Llama(PRESETS["Llama-3 70B"], layers=range(0, 10), first=True, last=False)
+        module = Llama(PRESETS["Llama-3 70B"], layers=range(0, 10), first=True, last=False)
 
 Names follow torchtitan's Llama (``tok_embeddings``, ``layers.<i>.attention.wq``,
 ``layers.<i>.feed_forward.w1``, ``norm``, ``output``) so that its tensor-parallel plan reads

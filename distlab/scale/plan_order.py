@@ -28,12 +28,12 @@ def build_stage(config: Transformer, layout: Layout, stage: int, mesh):
     layers = stage_layers(config.layers, layout.pp)[stage]
     with torch.device("meta"):
         model = Llama(config, layers, first=stage == 0, last=stage == layout.pp - 1,
-                      attention=layout.attention)  # fmt: skip
+                      attention=layout.attention)
     if layout.ep > 1:
         apply_expert_parallel(model, mesh["ep"])
     if layout.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel=layout.sequence_parallel,
-                              loss_parallel=layout.loss_parallel)  # fmt: skip
+                              loss_parallel=layout.loss_parallel)
     if layout.cp > 1:
         apply_context_parallel(model, mesh["cp"], layout.seq_len)
     apply_checkpointing(model, layout.checkpointing)

@@ -8,6 +8,9 @@ column-wise, wo and w2 row-wise, the embedding row-wise (by vocabulary), the out
 column-wise; with sequence parallelism the norms and residuals are sharded by sequence and
 all-gathered before each attention and MLP, and reduce-scattered after.
 
+Each ``apply_*`` takes ``module``: the `model.Llama` that holds this rank's pipeline stage (a
+stage is its number, as everywhere in `distlab.scale`).
+
 Knows nothing about measuring: `simulate` does that.
 """
 
@@ -32,22 +35,22 @@ __all__ = ["apply_checkpointing", "apply_context_parallel", "apply_expert_parall
            "apply_fsdp", "apply_tensor_parallel"]
 
 
-def apply_tensor_parallel(stage, tp_mesh, *, sequence_parallel: bool, loss_parallel: bool):
+def apply_tensor_parallel(module, tp_mesh, *, sequence_parallel: bool, loss_parallel: bool):
     """Megatron's split of every block, the embedding and the output layer over ``tp_mesh``."""
     sp = sequence_parallel
     seq = Shard(1) if sp else Replicate()
     top = {}
-    if stage.tok_embeddings is not None:
+    if module.tok_embeddings is not None:
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
-    if stage.output is not None:
+    if module.output is not None:
         top["norm"] = SequenceParallel() if sp else None
         top["output"] = ColwiseParallel(
             input_layouts=seq,
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
         )
-    parallelize_module(stage, tp_mesh, {k: v for k, v in top.items() if v is not None})
-    for block in stage.layers.values():
+    parallelize_module(module, tp_mesh, {k: v for k, v in top.items() if v is not None})
+    for block in module.layers.values():
         plan = {
             "attention": PrepareModuleInput(input_layouts=(seq,),
                                             desired_input_layouts=(Replicate(),)),
@@ -57,7 +60,7 @@ def apply_tensor_parallel(stage, tp_mesh, *, sequence_parallel: bool, loss_paral
             "attention.wo": RowwiseParallel(output_layouts=seq),
             "feed_forward": PrepareModuleInput(input_layouts=(seq,),
                                                desired_input_layouts=(Replicate(),)),
-        }  # fmt: skip
+        }
         if sp:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
@@ -66,10 +69,10 @@ def apply_tensor_parallel(stage, tp_mesh, *, sequence_parallel: bool, loss_paral
             # parallelism, not by tp (tp ranks hold the same experts and the same tokens).
             plan["feed_forward"] = PrepareModuleInput(
                 input_layouts=(seq,), desired_input_layouts=(Replicate(),),
-                use_local_output=True)  # fmt: skip
+                use_local_output=True)
         else:
             plan |= {"feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-                     "feed_forward.w2": RowwiseParallel(output_layouts=seq)}  # fmt: skip
+                     "feed_forward.w2": RowwiseParallel(output_layouts=seq)}
         parallelize_module(block, tp_mesh, plan)
         if isinstance(block.feed_forward, MoE) and sp:
             # The MoE returns a plain tensor for the whole sequence; back to sequence shards.
@@ -83,7 +86,7 @@ def _scatter_sequence(out, mesh):
     return DTensor.from_local(out, mesh, [Replicate()]).redistribute(mesh, [Shard(1)]).to_local()
 
 
-def apply_context_parallel(stage, cp_mesh, seq_len: int):
+def apply_context_parallel(module, cp_mesh, seq_len: int):
     """Each rank holds ``seq_len / cp`` tokens; before attention, every layer all-gathers the
     keys and values of the whole sequence over ``cp_mesh`` (the Llama 3 paper's context
     parallelism: K and V are small under grouped-query attention); its backward reduce-scatters
@@ -92,12 +95,12 @@ def apply_context_parallel(stage, cp_mesh, seq_len: int):
     group = cp_mesh.get_group()
     funcol = _torch.functional_collectives()
     gather = functools.partial(funcol.all_gather_single_autograd, gather_dim=2, group=group)
-    for block in stage.layers.values():
+    for block in module.layers.values():
         block.attention.kv_gather = gather
         block.attention.rope_offset = cp_mesh.get_local_rank() * (seq_len // cp)
 
 
-def apply_expert_parallel(stage, ep_mesh):
+def apply_expert_parallel(module, ep_mesh):
     """Each rank keeps ``experts / ep`` of every MoE layer's experts; tokens go to the rank that
     holds their expert and come back with ``all_to_all_single`` (equal splits: the routing is
     balanced)."""
@@ -107,7 +110,7 @@ def apply_expert_parallel(stage, ep_mesh):
 
     def exchange(rows):  # (experts, rows each, hidden): send each expert's rows to its rank
         out = funcol.all_to_all_single(rows.reshape(-1, rows.shape[-1]).contiguous(), None,
-                                       None, group)  # fmt: skip
+                                       None, group)
         # from rank j: its rows for my experts; grouped by my local expert
         return out.view(ep, rows.shape[0] // ep, -1, rows.shape[-1]).transpose(0, 1)
 
@@ -117,7 +120,7 @@ def apply_expert_parallel(stage, ep_mesh):
         back = funcol.all_to_all_single(out, None, None, group)
         return back.view(ep * local, rows // ep, h)
 
-    for block in stage.layers.values():
+    for block in module.layers.values():
         moe = block.feed_forward
         if isinstance(moe, MoE):
             experts = moe.experts
@@ -138,7 +141,7 @@ def selective_policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def apply_checkpointing(stage, how: str):
+def apply_checkpointing(module, how: str):
     """"full" recomputes every block in backward (keeps its input); "selective" (Megatron-LM's,
     Korthikanti et al.'s) recomputes attention's core, softmax(q k^T) v, and keeps its inputs:
     with flash attention the scores are never kept anyway, so it saves only the log-sum-exp;
@@ -146,12 +149,12 @@ def apply_checkpointing(stage, how: str):
     if how == "none":
         return
     if how == "selective":
-        for block in stage.layers.values():
+        for block in module.layers.values():
             block.attention.checkpoint_core = True
         return
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
-    for name, block in list(stage.layers.items()):
+    for name, block in list(module.layers.items()):
         if how == "full":
             wrapped = _torch.checkpoint_wrapper(block, checkpoint_fn=checkpoint,
                                                 use_reentrant=False)
@@ -160,22 +163,22 @@ def apply_checkpointing(stage, how: str):
                 block, checkpoint_fn=checkpoint, use_reentrant=False,
                 context_fn=functools.partial(create_selective_checkpoint_contexts,
                                              selective_policy),
-                **_torch.sac_options())  # fmt: skip
-        stage.layers[name] = wrapped
+                **_torch.sac_options())
+        module.layers[name] = wrapped
 
 
-def apply_fsdp(stage, dp_mesh, *, reshard: bool, precision: str, expert_mesh=None):
+def apply_fsdp(module, dp_mesh, *, reshard: bool, precision: str, expert_mesh=None):
     """``fully_shard`` each block, the embedding, and the norm with the output layer, then the
-    stage (torchtitan's units). ``dp_mesh`` is 1-D (FSDP) or 2-D (HSDP: replicate, shard; with
-    shards of one rank: DDP). ``reshard``: free the gathered parameters after each unit's
+    whole module (torchtitan's units). ``dp_mesh`` is 1-D (FSDP) or 2-D (HSDP: replicate, shard;
+    with shards of one rank: DDP). ``reshard``: free the gathered parameters after each unit's
     forward (not the last block's, which backward needs first, as torchtitan does); False keeps
     them (FSDP's ZeRO-2-like mode; torchtitan's choice with pipelining). Experts are sharded
     over ``expert_mesh`` (the dp ranks that hold the same experts)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if precision == "bf16-mixed" else MixedPrecisionPolicy())  # fmt: skip
-    blocks = list(stage.layers.values())
+              if precision == "bf16-mixed" else MixedPrecisionPolicy())
+    blocks = list(module.layers.values())
     for i, block in enumerate(blocks):
         unit_reshard = reshard and i < len(blocks) - 1
         inner = _torch.unwrap_checkpoint(block)
@@ -183,10 +186,10 @@ def apply_fsdp(stage, dp_mesh, *, reshard: bool, precision: str, expert_mesh=Non
             fully_shard(inner.feed_forward.experts, mesh=expert_mesh, mp_policy=policy,
                         reshard_after_forward=unit_reshard)
         fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=unit_reshard)
-    if stage.tok_embeddings is not None:
-        fully_shard(stage.tok_embeddings, mesh=dp_mesh, mp_policy=policy,
+    if module.tok_embeddings is not None:
+        fully_shard(module.tok_embeddings, mesh=dp_mesh, mp_policy=policy,
                     reshard_after_forward=reshard)
-    if stage.output is not None:
-        fully_shard([stage.norm, stage.output], mesh=dp_mesh, mp_policy=policy,
+    if module.output is not None:
+        fully_shard([module.norm, module.output], mesh=dp_mesh, mp_policy=policy,
                     reshard_after_forward=False)
-    fully_shard(stage, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
+    fully_shard(module, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)

@@ -17,7 +17,7 @@ class RankReport:
     ``rank`` and ``coords`` (its place on the mesh), ``stage`` (pipeline stage) and ``layers``
     it holds; ``numel`` parameters it holds a shard of; ``params``, ``grads``, ``optimizer``:
     bytes of its local shards after the step (Adam's per-tensor step counters in
-    ``optimizer_steps``, apart); ``activations``: bytes saved by one microbatch's forward, and
+    ``optimizer_other``, apart); ``activations``: bytes saved by one microbatch's forward, and
     ``in_flight`` microbatches held at once; ``peak``: the most bytes alive at once;
     ``flops``: forward and backward of one microbatch; ``tokens``: tokens this rank processes
     per microbatch; ``collectives``: every call of the step (all its accumulated microbatches),
@@ -33,7 +33,7 @@ class RankReport:
     params: int
     grads: int
     optimizer: int
-    optimizer_steps: int
+    optimizer_other: int
     activations: int
     in_flight: int
     peak_one_microbatch: int
@@ -51,9 +51,9 @@ class RankReport:
         return self.params + self.grads + self.optimizer
 
     def comm(self) -> dict:
-        """``{(dim, kind): (calls, bytes)}`` over the step's collectives."""
+        """``{(axis, kind): (calls, bytes)}`` over the step's collectives."""
         calls, nbytes = Counter(), Counter()
         for c in self.collectives:
-            calls[c.dim, c.kind] += 1
-            nbytes[c.dim, c.kind] += c.nbytes
+            calls[c.axis, c.kind] += 1
+            nbytes[c.axis, c.kind] += c.nbytes
         return {key: (calls[key], nbytes[key]) for key in sorted(calls)}

@@ -17,6 +17,7 @@ import contextlib
 import warnings
 
 from .. import _torch_simulation
+from .._config import check_int
 from ..calculators._text import CalculatorError
 from ..calculators.models import Transformer, get_model
 from . import mesh as meshes
@@ -83,16 +84,15 @@ def simulate_rank(model, layout: Layout, stage: int = 0) -> RankReport:
 def _check(config, layout: Layout, stage: int) -> None:
     if not isinstance(config, Transformer):
         raise CalculatorError(f"the simulation lays out transformers; {config!r} is not one")
-    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < layout.pp:
-        raise CalculatorError(f"stage must be 0 to {layout.pp - 1} (pp={layout.pp}), got "
-                              f"{stage!r}")  # fmt: skip
+    check_int(stage, "stage", low=0, high=layout.pp - 1, error=CalculatorError,
+              message=f"stage must be 0 to {layout.pp - 1} (pp={layout.pp}), got {stage!r}")
     config.check_tp(layout.tp)
     if config.vocab % layout.tp:
         raise CalculatorError(f"tp={layout.tp} does not divide the vocabulary of {config.name} "
-                              f"({config.vocab})")  # fmt: skip
+                              f"({config.vocab})")
     if layout.ep > 1 and (config.experts == 1 or config.experts % layout.ep):
         raise CalculatorError(f"ep={layout.ep}: {config.name} has {config.experts} expert(s); "
-                              "ep must divide them")  # fmt: skip
+                              "ep must divide them")
     tokens = layout.seq_len // layout.cp
     if layout.tp > 1 and layout.sequence_parallel and tokens % layout.tp:
         raise CalculatorError(f"sequence parallelism splits {tokens} tokens per rank over "

@@ -8,6 +8,7 @@ import json
 import os
 
 from .._chart import Chart
+from .._config import check_int
 from . import chrome as _chrome
 from . import drawing as _drawing
 from . import metrics, trace
@@ -53,13 +54,9 @@ class Timeline(Chart):
     # -- events ------------------------------------------------------------------------------
 
     def _rank(self, rank) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, int):
-            raise TypeError(f"rank must be an int, got {rank!r}")
-        if not 0 <= rank < self.world_size:
-            raise ValueError(
-                f"rank {rank} is not in this timeline (ranks 0..{self.world_size - 1})"
-            )
-        return rank
+        check_int(rank, "rank", error=TypeError)
+        return check_int(rank, "rank", low=0, high=self.world_size - 1, message=(
+            f"rank {rank} is not in this timeline (ranks 0..{self.world_size - 1})"))
 
     def events(self, rank: int, kind: str | None = None) -> list[Event]:
         """Every `Event` of ``rank`` (of one ``kind``: "label", "op", "comm", "kernel"), by

@@ -16,7 +16,6 @@ GIVEN = {"F": nb21.F, "G": nb21.G, "gpt": gpt}
 
 CLUSTER = {"world_size": 2, "threads": 1}
 
-# fmt: off
 _SPLIT = """
 import types
 def split(attn, rank, world_size, dims=(0, 0, 0, 1), parts=None):
@@ -250,4 +249,3 @@ def step_collectives(n_layers, sequence_parallel):
     return ({"all_reduce": 2 * n_layers + 4}, {"all_reduce": 4 * n_layers + 1})
 """, "should return a dict with the keys 'forward' and 'backward'"),
 ]
-# fmt: on

@@ -16,7 +16,6 @@ GIVEN = {"F": F}
 
 CLUSTER = {"world_size": 4, "threads": 1}
 
-# fmt: off
 ANSWERS = [
     Answer(1, "the solution", """
 def causal_work(layout):
@@ -289,4 +288,3 @@ def allgather_attention(q, k, v):
     return scores.masked_fill(~visible, float("-inf")).softmax(dim=-1) @ values
 """, "output is float64; q, k and v are float32"),
 ]
-# fmt: on

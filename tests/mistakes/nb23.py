@@ -24,7 +24,6 @@ GIVEN = {"F": F, "keep_first": keep_first}
 
 CLUSTER = {"world_size": 4, "threads": 1}
 
-# fmt: off
 ANSWERS = [
     Answer(1, "the solution", """
 def keep_first_choices_first(experts, num_experts, capacity):
@@ -274,4 +273,3 @@ def balance_loss(probs, experts):
     return e * (f * probs.mean(dim=0)).sum()
 """, "minlength"),
 ]
-# fmt: on

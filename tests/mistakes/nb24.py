@@ -14,7 +14,6 @@ GIVEN = {"gpt": gpt}
 
 CLUSTER = {"world_size": 4, "threads": 1}
 
-# fmt: off
 ANSWERS = [
     Answer(1, "the solution", """
 def mesh_groups(dp, tp):

@@ -48,9 +48,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._config import check_int
 from ._text import GB, CalculatorError, choice, divisors, one_of, positive_int
-from .activations import llama_terms
-from .models import MLP, Params, Transformer, describe, get_model, stage_layers
+from .activation_terms import llama_terms
+from .models import LinearStack, Params, Transformer, describe, get_model, stage_layers
 
 __all__ = ["ATTENTIONS", "CHECKPOINTING", "PARTS", "PRECISIONS", "MemoryEstimate",
            "memory_per_device"]
@@ -65,7 +66,7 @@ __all__ = ["ATTENTIONS", "CHECKPOINTING", "PARTS", "PRECISIONS", "MemoryEstimate
 #:                                 shards are the master weights; bf16 copies exist only while a
 #:                                 unit is gathered (counted in the peak, not here)
 PRECISIONS = {"fp32": (4, 4, 8), "bf16-mixed": (2, 2, 12), "bf16-fp32-grads": (2, 4, 12),
-              "bf16-fsdp2": (4, 4, 8)}  # fmt: skip
+              "bf16-fsdp2": (4, 4, 8)}
 #: Bytes of one activation value: bf16 compute for every mixed precision.
 ACTIVATION_BYTES = {"fp32": 4, "bf16-mixed": 2, "bf16-fp32-grads": 2, "bf16-fsdp2": 2}
 CHECKPOINTING = ("none", "selective", "op-selective", "full")
@@ -178,7 +179,7 @@ class MemoryEstimate:
             added = [what for what, n in (("gathered parameters", self.gathered),
                                           ("a recomputed layer", self.recomputed)) if n]
             lines.append(f"{'peak':12}{self.peak:>{width},}  {self.peak / GB:9.2f}  "
-                         f"(estimate: total + {' + '.join(added)})")  # fmt: skip
+                         f"(estimate: total + {' + '.join(added)})")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -223,8 +224,8 @@ def memory_per_device(
     """The bytes one device holds when ``model`` trains with Adam on this layout.
 
     Args:
-        model: a preset's name (``"Llama-3 8B"``; see `PRESETS`), a `Transformer`, an `MLP`, or a
-            number of parameters (activations are then not modelled).
+        model: a preset's name (``"Llama-3 8B"``; see `PRESETS`), a `Transformer`, a
+            `LinearStack`, or a number of parameters (activations are then not modelled).
         dp, tp, pp, cp, ep: data-, tensor-, pipeline-, context- and expert-parallel sizes.
             Expert parallelism shares out a mixture of experts' experts among the data-parallel
             ranks (as Megatron-Core and DeepSpeed-MoE do).
@@ -259,17 +260,16 @@ def memory_per_device(
             >= 1; ``tp`` that does not divide the heads, key-value heads or MLP; ``pp`` that does
             not divide the layers; ``seq_len`` not a multiple of ``cp``; ``ep`` > 1 for a dense
             model, or not dividing the experts or ``dp``; ``cp`` > 1, ``tp`` > 1 or checkpointing
-            for an MLP; a ``zero``, ``precision`` or ``checkpointing`` not offered. Each message
-            lists what would work.
+            for a `LinearStack`; a ``zero``, ``precision`` or ``checkpointing`` not offered. Each
+            message lists what would work.
     """
     m = get_model(model)
     for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep),
-                        ("replicate", replicate)):  # fmt: skip
+                        ("replicate", replicate)):
         positive_int(value, name)
     if microbatches is not None:
         positive_int(microbatches, "microbatches")
-    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
-        raise CalculatorError(f"stage must be a pipeline stage, 0 to {pp - 1}, got {stage!r}")
+    check_int(stage, "stage", low=0, high=pp - 1, noun="a pipeline stage", error=CalculatorError)
     choice(attention, "attention", ATTENTIONS)
     positive_int(seq_len, "seq_len")
     positive_int(micro_batch, "micro_batch")
@@ -311,7 +311,7 @@ def memory_per_device(
                                micro_batch=micro_batch, sp=bool(sequence_parallel),
                                precision=precision, attention=attention, stage=stage,
                                loss_parallel=loss_parallel),
-    )  # fmt: skip
+    )
 
 
 def _recomputed(m, checkpointing, **kw) -> int:
@@ -369,7 +369,7 @@ def _check_layout(m, dp, cp, ep, seq_len, checkpointing) -> None:
                 f"ep={ep} must divide dp={dp}: the expert-parallel ranks are data-parallel "
                 f"ranks; choose ep in {one_of([e for e in divisors(dp) if experts % e == 0])}"
             )
-    if isinstance(m, MLP) and checkpointing != "none":
+    if isinstance(m, LinearStack) and checkpointing != "none":
         raise CalculatorError(
             f"checkpointing is modelled for transformer layers; {m.name} stores its layers' "
             "inputs either way: use checkpointing='none'"
@@ -383,7 +383,7 @@ def _activation_terms(m, *, tp, pp, cp, ep, seq_len, micro_batch, checkpointing,
     e = ACTIVATION_BYTES[precision]
     if isinstance(m, Params):
         return []
-    if isinstance(m, MLP):
+    if isinstance(m, LinearStack):
         saved = seq_len * micro_batch * m.saved_per_row(pp, stage) * e
         return [("each Linear's input (and the last activation's output)", saved)]
     layers = len(stage_layers(m.layers, pp)[stage])
@@ -391,7 +391,7 @@ def _activation_terms(m, *, tp, pp, cp, ep, seq_len, micro_batch, checkpointing,
         return llama_terms(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, sp=sp, e=e,
                            attention=attention, checkpointing=checkpointing, layers=layers,
                            first=stage == 0, last=stage == pp - 1, ep=ep,
-                           loss_parallel=loss_parallel)  # fmt: skip
+                           loss_parallel=loss_parallel)
     s, b, h, a, t, k = seq_len // cp, micro_batch, m.hidden, m.heads, tp, m.top_k
     sbh = s * b * h
     unsplit, split = 10 + 3 * (k - 1), 24 + 16 * (k - 1)  # 10 + 24 = the paper's 34

@@ -37,7 +37,7 @@ sequence parallelism, and with it the all-gathered inputs and reduce-scattered o
 attention's output and log-sum-exp. A stage that is not the last keeps its output until its
 backward (e sbh, / t with sequence parallelism); every layer keeps its rotary table (4 s d).
 
-Knows nothing about parameters or optimizers: `memory` adds those.
+Knows nothing about parameters or optimizers: `memory_estimate` adds those.
 """
 
 from __future__ import annotations
@@ -70,13 +70,13 @@ def llama_terms(m, *, seq_len: int, micro_batch: int, tp: int, cp: int, sp: bool
         else:
             attn = [("q", e * sbh // t), ("k, v repeated", 2 * e * S * b * h // t),
                     ("softmax", e * b * (a // t) * s * S), ("causal mask", s * S),
-                    ("attention output", e * sbh // t)]  # fmt: skip
+                    ("attention output", e * sbh // t)]
         if m.experts > 1:
             k, E = m.top_k, m.experts
             mlp = [("router probabilities", 4 * s * b * E), ("router choices", 8 * s * b * k),
                    ("tokens at their experts", e * sbh * k),
                    ("experts' insides", 4 * e * s * b * k * i), ("experts' outputs", e * sbh * k),
-                   ("gates", 4 * s * b * k)]  # fmt: skip
+                   ("gates", 4 * s * b * k)]
         else:
             mlp = [("SwiGLU", 4 * e * s * b * i // t)]
         if checkpointing == "selective":  # attention's core recomputed: its inputs kept
@@ -95,7 +95,7 @@ def llama_terms(m, *, seq_len: int, micro_batch: int, tp: int, cp: int, sp: bool
         vocab = -(-m.vocab // t) if t > 1 and loss_parallel else m.vocab  # padded, as the weights
         terms += [("final RMSNorm", e * sbh // ts + 4 * s * b // ts),
                   ("output layer input", e * sbh), ("log-softmax (fp32)", 4 * s * b * vocab),
-                  ("loss", 4)]  # fmt: skip
+                  ("loss", 4)]
     return terms
 
 
@@ -107,7 +107,7 @@ def _op_selective(m, s, b, t, ts, e) -> list:
             ("q, k, v (matmul outputs)", e * s * b * (h + 2 * g * d) // t),
             ("attention output", e * sbh // t), ("log-sum-exp", 4 * s * b * a // t),
             ("o, w2 outputs (whole sequence, before their reduction)", 2 * e * sbh),
-            ("w1, w3 outputs", 2 * e * s * b * i // t)]  # fmt: skip
+            ("w1, w3 outputs", 2 * e * s * b * i // t)]
     if ts > 1:  # sequence parallelism's collectives are kept too
         kept += [("attention and MLP inputs (all-gathered)", 2 * e * sbh),
                  ("o, w2 outputs reduce-scattered", 2 * e * sbh // ts)]

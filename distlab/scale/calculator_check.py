@@ -13,17 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..calculators._text import GB
-from ..calculators.memory import MemoryEstimate, memory_per_device
+from ..calculators.memory_estimate import MemoryEstimate, memory_per_device
 from .lay_out import LaidOut
 from .report import RankReport
 
-__all__ = ["PARTS", "Comparison", "against_calculator", "calculator_for"]
+__all__ = ["PARTS", "CalculatorCheck", "against_calculator", "calculator_for"]
 
 #: What is compared: (label, RankReport attribute, MemoryEstimate attribute).
 PARTS = (("parameters", "params", "params"), ("gradients", "grads", "grads"),
          ("Adam state", "optimizer", "optimizer"),
          ("activations, one microbatch", "activations", "per_microbatch"),
-         ("peak", "peak", "peak"))  # fmt: skip
+         ("peak", "peak", "peak"))
 
 
 def calculator_for(report: RankReport) -> MemoryEstimate:
@@ -38,11 +38,11 @@ def calculator_for(report: RankReport) -> MemoryEstimate:
         sequence_parallel=lay.sequence_parallel, attention=lay.attention, stage=report.stage,
         microbatches=lay.microbatches, loss_parallel=lay.loss_parallel,
         replicate=lay.replicate,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
-class Comparison:
+class CalculatorCheck:
     """``rows``: (rank's stage, part, simulated bytes, calculator bytes), in `PARTS` order."""
 
     laid: LaidOut
@@ -51,7 +51,7 @@ class Comparison:
     def worst(self) -> float:
         """The largest relative difference, |calculator / simulated - 1|, over every row."""
         return max(abs(calc / sim - 1) if sim else float(calc != 0)
-                   for _, _, sim, calc in self.rows)  # fmt: skip
+                   for _, _, sim, calc in self.rows)
 
     def text(self) -> str:
         lines = [f"{self.laid.model.name} on {self.laid.layout.text()}",
@@ -64,11 +64,11 @@ class Comparison:
     __repr__ = __str__ = text
 
 
-def against_calculator(laid: LaidOut) -> Comparison:
+def against_calculator(laid: LaidOut) -> CalculatorCheck:
     """Every simulated rank of ``laid`` beside `calculator_for` it, part by part."""
     rows = []
     for report in laid.ranks:
         est = calculator_for(report)
         for label, sim_attr, calc_attr in PARTS:
             rows.append((report.stage, label, getattr(report, sim_attr), getattr(est, calc_attr)))
-    return Comparison(laid, tuple(rows))
+    return CalculatorCheck(laid, tuple(rows))
