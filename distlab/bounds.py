@@ -54,28 +54,31 @@ def below(value, limit) -> str:
             NaN.
         TypeError: ``value`` or ``limit`` is not a number.
     """
-    value, limit = _number(value, "value"), _number(limit, "limit")
-    if not value < limit:
-        raise AssertionError(f"{value:.3g} is not below {limit_text(limit)}")
-    return f"< {limit_text(limit)}"
+    return _bound(value, "<", limit)
 
 
 def above(value, limit) -> str:
-    """``"> limit"``, after checking that ``value > limit``.
+    """``"> limit"``, after checking that ``value > limit``: `below` the other way round, for a
+    number that must be large enough (a speed-up, a ratio).
 
     Args:
-        value: the number to bound (a float, int, or one-element tensor).
-        limit: the bound the lesson claims.
+        value, limit: as for `below`: a float, int, or one-element tensor, and the bound the
+            lesson claims.
 
     Returns:
         ``"> 1e-3"``: the same text on every CPU.
 
     Raises:
-        AssertionError: ``value`` is not above ``limit`` (the message gives the value), or it is
-            NaN.
+        AssertionError: ``value`` is not above ``limit`` (the message gives the value), or NaN.
         TypeError: ``value`` or ``limit`` is not a number.
     """
+    return _bound(value, ">", limit)
+
+
+def _bound(value, sign: str, limit) -> str:
+    """``"< limit"`` or ``"> limit"`` (``sign``), once `below` or `above` holds."""
     value, limit = _number(value, "value"), _number(limit, "limit")
-    if not value > limit:
-        raise AssertionError(f"{value:.3g} is not above {limit_text(limit)}")
-    return f"> {limit_text(limit)}"
+    holds, word = (value < limit, "below") if sign == "<" else (value > limit, "above")
+    if not holds:
+        raise AssertionError(f"{value:.3g} is not {word} {limit_text(limit)}")
+    return f"{sign} {limit_text(limit)}"

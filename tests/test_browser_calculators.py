@@ -11,15 +11,11 @@ test-output/browser/.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from test_browser import CHROMIUM, OUT, _clear_all_outputs, _free_port, _lab_settings
+from jupyter_lab import CHROMIUM, OUT, clear_all_outputs, in_chromium, serve
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="needs Debian's chromium (make test installs it)"
@@ -49,64 +45,18 @@ def _write_notebook(folder: Path) -> None:
 def lab(tmp_path):
     (tmp_path / "nb").mkdir()
     _write_notebook(tmp_path / "nb")
-    port, token = _free_port(), os.urandom(16).hex()
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "jupyter", "lab", "--no-browser",
-            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path / 'nb'}",
-            "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-            *(["--allow-root"] if os.geteuid() == 0 else []),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "lab.log", "w"),  # noqa: SIM115
-        env=dict(
-            os.environ,
-            JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"),
-            JUPYTERLAB_SETTINGS_DIR=str(_lab_settings(tmp_path / "lab-settings")),
-            DISTLAB_NO_WARM="1",  # the calculators launch no ranks: no helper process
-            DISTLAB_HOME=str(tmp_path / "distlab-home"),  # not the user's saved fit
-        ),
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError((tmp_path / "lab.log").read_text()[-3000:]) from None
-            time.sleep(0.3)
-    yield url, token
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with serve(
+        tmp_path / "nb",
+        tmp_path,
+        DISTLAB_NO_WARM="1",  # the calculators launch no ranks: no helper process
+        DISTLAB_HOME=str(tmp_path / "distlab-home"),  # not the user's saved fit
+    ) as url_and_token:
+        yield url_and_token
 
 
 def test_moving_a_control_of_each_calculator_changes_its_number_and_picture(lab):
-    from playwright.sync_api import sync_playwright
-
     url, token = lab
-    OUT.mkdir(parents=True, exist_ok=True)
-    flags = [
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    ]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=flags)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            _drive(page, url, token)
-        except Exception:
-            page.screenshot(path=str(OUT / "calculators-failure.png"), full_page=True)
-            (OUT / "calculators-failure.txt").write_text(page.locator(".jp-Notebook").inner_text())
-            raise
-        finally:
-            browser.close()
+    in_chromium(_drive, url, token, "calculators", full_page=True)
 
 
 def _drive(page, url: str, token: str) -> None:
@@ -116,7 +66,7 @@ def _drive(page, url: str, token: str) -> None:
     expect(page.locator(".jp-NotebookPanel")).to_be_visible(timeout=60_000)
     idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
     expect(idle).to_have_count(1, timeout=60_000)
-    _clear_all_outputs(page)
+    clear_all_outputs(page)
     page.locator(".lm-MenuBar-item", has_text="Run").click()
     page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
 

@@ -19,8 +19,8 @@ import sys
 import textwrap
 import time
 
-import psutil
 import pytest
+from processes import alive
 
 DRIVER = textwrap.dedent(
     """
@@ -53,17 +53,6 @@ DRIVER = textwrap.dedent(
 )
 
 
-def _alive(pids):
-    out = []
-    for p in pids:
-        try:
-            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 @pytest.mark.parametrize("state", ["idle", "busy", "stuck"])
 def test_without_pdeathsig_ranks_end_when_the_kernel_is_killed(method, state):
@@ -82,15 +71,15 @@ def test_without_pdeathsig_ranks_end_when_the_kernel_is_killed(method, state):
         pids = [pid for pid, _ in info]
         assert [sig for _, sig in info] == [0, 0], "PDEATHSIG was on: the test would prove nothing"
         assert driver.stdout.readline().strip() == "ready"
-        assert _alive(pids) == pids
+        assert alive(pids) == pids
         os.kill(driver.pid, signal.SIGKILL)
         killed = time.monotonic()
-        while _alive(pids) and time.monotonic() - killed < 10:
+        while alive(pids) and time.monotonic() - killed < 10:
             time.sleep(0.05)
-        assert not _alive(pids), f"{state} ranks outlived their kernel ({method})"
+        assert not alive(pids), f"{state} ranks outlived their kernel ({method})"
         assert time.monotonic() - killed < 5
     finally:
         driver.kill()
         driver.wait()
-        for pid in _alive(pids):  # a failed test leaves no rank behind either
+        for pid in alive(pids):  # a failed test leaves no rank behind either
             os.kill(pid, signal.SIGKILL)

@@ -6,6 +6,8 @@ fractions are shown exactly (``3/11``) and as a percentage. Errors are `Calculat
 `distlab.DistlabError` and a `ValueError`) whose message says what was wrong and what to choose
 instead.
 
+Every result prints as its ``text()`` (`Printed`), in a notebook's output and in ``print``.
+
 Knows nothing about what is being computed.
 """
 
@@ -23,6 +25,20 @@ GB = 10**9  #: the ZeRO paper's gigabyte (its Figure 1: 7.5 billion parameters x
 class CalculatorError(DistlabError, ValueError):
     """A calculator's input that cannot work; the message says what to choose instead. A
     `ValueError` too, so ``except ValueError`` keeps working."""
+
+
+class Printed:
+    """A calculator's result, shown as its ``text()`` wherever it is shown: a notebook cell's
+    output (``repr``) and ``print`` / ``str`` alike. A dataclass that is one says
+    ``repr=False``, or the dataclass writes a ``__repr__`` of its own over this one."""
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    __str__ = __repr__
 
 
 def divisors(n: int) -> list[int]:

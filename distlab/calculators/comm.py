@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from .._config import check_int
-from ._text import CalculatorError, choice, human_bytes, positive_int, seconds
+from ._text import CalculatorError, Printed, choice, human_bytes, positive_int, seconds
 from .links import Link, get_link
 from .memory_estimate import PRECISIONS
 from .models import Transformer, get_model
@@ -73,7 +73,7 @@ _FORMULAS = {
 
 
 @dataclass(frozen=True, repr=False)
-class CollectiveTime:
+class CollectiveTime(Printed):
     """The alpha-beta time of one collective. ``messages``: messages in a row (times alpha);
     ``critical``: bytes on the critical path (times beta); ``sent``: bytes the busiest rank
     sends (exact `Fraction`\\ s); ``seconds``: the time. ``algbw`` is S / time and ``busbw``
@@ -116,11 +116,6 @@ class CollectiveTime:
             f"  the busiest rank sends {human_bytes(self.sent)}; "
             f"algbw {human_bytes(self.algbw)}/s, busbw {human_bytes(self.busbw)}/s"
         )
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    __str__ = __repr__
 
     def at(self, size: int, algorithm: str | None = None) -> CollectiveTime:
         """The same collective on the same ranks and link, of ``size`` bytes (and with
@@ -174,7 +169,7 @@ def collective_time(op, size, ranks, link="NVLink 4 (H100 SXM)", algorithm="ring
 
 
 @dataclass(frozen=True, repr=False)
-class StepComm:
+class StepComm(Printed):
     """The communication of one training step on one rank: ``calls`` are ``(what, count,
     CollectiveTime)``; ``sent`` the bytes this rank sends (an int); ``seconds`` their time,
     one after another."""
@@ -201,11 +196,6 @@ class StepComm:
         lines.append(f"  per step and rank: sends {self.sent:,} bytes "
                      f"({human_bytes(self.sent)}), {seconds(self.seconds)}")
         return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    __str__ = __repr__
 
 
 def step_comm(layout, model, ranks, link="NVLink 4 (H100 SXM)", *, precision="bf16-mixed",

@@ -26,13 +26,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._text import CalculatorError, human_bytes, seconds
+from ._text import CalculatorError, Printed, human_bytes, seconds
 
 __all__ = ["LINKS", "Link", "fit_path", "get_link", "load_fit", "save_fit"]
 
 
-@dataclass(frozen=True)
-class Link:
+@dataclass(frozen=True, repr=False)
+class Link(Printed):
     """A link in the alpha-beta model: a message of S bytes takes ``alpha + S * beta`` seconds.
 
     Args:
@@ -55,11 +55,6 @@ class Link:
     def text(self) -> str:
         return (f"{self.name}: alpha = {seconds(self.alpha)} per message, "
                 f"1/beta = {human_bytes(self.bandwidth)}/s")
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    __str__ = __repr__
 
 
 _NCCL = "per-step latency: NCCL's src/graph/tuning.cc, hwLat, ring, Simple protocol"

@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._config import check_int
-from ._text import GB, CalculatorError, choice, divisors, one_of, positive_int
+from ._text import GB, CalculatorError, Printed, choice, divisors, one_of, positive_int
 from .activation_terms import llama_terms
 from .models import LinearStack, Params, Transformer, describe, get_model, stage_layers
 
@@ -76,7 +76,7 @@ _ZERO = {0: "no ZeRO (DDP)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
 
 
 @dataclass(frozen=True, repr=False)
-class MemoryEstimate:
+class MemoryEstimate(Printed):
     """What one device holds, in bytes (``params``, ``grads``, ``optimizer``, ``activations``;
     ``total`` is their sum), with the inputs that gave it. ``numel`` is the number of parameters
     the device holds a share of (its tensor-, pipeline- and expert-parallel shard, before ZeRO).
@@ -181,11 +181,6 @@ class MemoryEstimate:
             lines.append(f"{'peak':12}{self.peak:>{width},}  {self.peak / GB:9.2f}  "
                          f"(estimate: total + {' + '.join(added)})")
         return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    __str__ = __repr__
 
     def chart(self, capacity: int | None = 80 * GB):
         """A `charts.MemoryChart` of this estimate (``capacity``: a device's bytes, drawn as a

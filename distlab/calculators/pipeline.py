@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ._text import CalculatorError, choice, fraction, positive_int
+from ._text import CalculatorError, Printed, choice, fraction, positive_int
 
 __all__ = ["SCHEDULES", "Action", "Schedule", "pipeline_schedule"]
 
@@ -47,7 +47,7 @@ class Action:
 
 
 @dataclass(frozen=True, repr=False)
-class Schedule:
+class Schedule(Printed):
     """A schedule played out. ``orders[r]``: rank r's ``(kind, stage, microbatch)`` in order;
     ``actions[r]``: the same with start and end times; ``bubble``: the idle fraction of
     rank-time (a `Fraction`); ``peaks[r]``: the most stage-microbatches rank r holds activations
@@ -121,11 +121,6 @@ class Schedule:
                     cells.append(self.label(a).ljust(width))
             lines.append(f"rank {r}: " + "".join(cells).rstrip())
         return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    __str__ = __repr__
 
     def chart(self):
         """A `charts.ScheduleChart` of this schedule."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from .. import _chart
-from ._text import CalculatorError, choice, positive_int
+from ._text import CalculatorError, Printed, choice, positive_int
 
 __all__ = ["OPS", "RingCollective", "RingStep", "StepChart", "ring_steps"]
 
@@ -34,7 +34,7 @@ OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 @dataclass(frozen=True, repr=False)
-class RingStep:
+class RingStep(Printed):
     """One step of a ring collective. ``before``/``after``: per rank, one value per chunk (None:
     a chunk the rank does not hold yet); ``sends``: ``(src, dst, chunk)``; ``sent``: the bytes
     each rank sends in this step; ``number``: 1-based; ``phase``: "reduce-scatter" or
@@ -64,11 +64,6 @@ class RingStep:
             f"bytes sent in this step: {sent}; {self.total:,} in all"
         )
 
-    def __repr__(self) -> str:
-        return self.text()
-
-    __str__ = __repr__
-
     def picture(self):
         """This step as a `distlab.pictures.Picture`: before and after, an arrow per send."""
         from .. import pictures
@@ -86,7 +81,7 @@ class RingStep:
 
 
 @dataclass(frozen=True, repr=False)
-class RingCollective:
+class RingCollective(Printed):
     """A ring collective as a sequence of `RingStep`\\ s. ``chunks``: elements per chunk;
     ``per_rank``: the bytes each rank sends over all the steps; ``total``: all ranks together;
     ``nbytes``: the tensor's size per rank (all_gather: its output)."""
@@ -128,11 +123,6 @@ class RingCollective:
             f"{_exact(_factor(self) * self.nbytes)}); {self.total:,} by all ranks together"
         )
         return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    __str__ = __repr__
 
 
 class StepChart(_chart.Chart):
