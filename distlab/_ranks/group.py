@@ -168,9 +168,11 @@ class RankGroup:
         group): new ranks first get ``start_timeout`` seconds, from the group's creation, to
         start. ``on_failure="kill"`` (launch): after the first failure the others get ``grace``
         seconds, then are killed. ``"interrupt"`` (Cluster): they get an interrupt instead, so
-        live ranks survive. ``fold``: print lines that all ranks printed alike once (see
-        `_output.render`); ``show=False`` prints nothing of theirs. Raises `RankError`,
-        `RankTimeout`, `StartError`, or KeyboardInterrupt (after cleaning up).
+        live ranks survive. ``"survive"`` (`distlab.faults`): a rank that dies does not stop the
+        others, which run on until they finish (``grace`` should then be ``timeout``), and the
+        dead rank's value is its `RankFailure`. ``fold``: print lines that all ranks printed
+        alike once (see `_output.render`); ``show=False`` prints nothing of theirs. Raises
+        `RankError`, `RankTimeout`, `StartError`, or KeyboardInterrupt (after cleaning up).
         """
         task = self.submit(payload, ranks)
         try:
@@ -344,7 +346,7 @@ class RankGroup:
         pending = sorted(task.pending)
         finished = sorted(task.replies)
         if pending and task.failures:  # the others are probably waiting for the failed rank
-            if on_failure == "kill":
+            if on_failure in ("kill", "survive"):
                 self.kill(pending)
                 stopped = pending
             else:
@@ -352,7 +354,7 @@ class RankGroup:
                 stopped = [r for r in pending if r not in stuck]
         elif pending:  # a time-out
             stuck = self.stacks(pending)  # where they were, before anything is disturbed
-            if on_failure == "kill":
+            if on_failure in ("kill", "survive"):
                 self.kill(pending)
             else:
                 still = self._interrupt(task, stream, with_stacks=False)
@@ -365,7 +367,9 @@ class RankGroup:
                     {r: _output.decode(task.outputs.get(r, b"")) for r in task.targets}, fold
                 )
             )
-        if task.failures:
+        dead = {f.rank: f for f in task.failures if f.stage == "died"}
+        survived = on_failure == "survive" and not pending and len(dead) == len(task.failures)
+        if task.failures and not survived:
             failures = order_failures(task.failures)
             raise RankError(failures, stopped, self.world_size, stuck) from None
         if stuck:
@@ -374,6 +378,9 @@ class RankGroup:
             raise RankTimeout(timeout, stuck, finished, self.world_size, hint)
         values = []
         for r in task.targets:
+            if r in dead:  # (survive) a rank that died: its failure in its place
+                values.append(dead[r])
+                continue
             try:
                 values.append(ship.loads(task.replies[r].value))
             except Exception as e:
@@ -424,7 +431,7 @@ class RankGroup:
         self, task: _Task, on_failure: str, stream: bool, fold: bool = False
     ) -> None:
         """The kernel was interrupted (stop button) while ranks were running ``task``."""
-        if on_failure == "kill" or not task.sent:  # not sent: stopped while the ranks started
+        if on_failure != "interrupt" or not task.sent:  # not sent: stopped while they started
             self.kill()
             return
         stuck = self._interrupt(task, stream)

@@ -1,0 +1,91 @@
+"""Notebook 27, training through failures."""
+
+from distlab.exercises import nb27
+
+from . import RIGHT, Answer
+
+GRADERS = {
+    1: (nb27.exercise_1, ["checkpoint_interval"]),
+    2: (nb27.exercise_2, ["find_straggler"]),
+}
+
+ANSWERS = [
+    Answer(1, "the solution", """
+def checkpoint_interval(save_seconds, gpus, gpu_mtbf_hours):
+    return (2 * save_seconds * gpu_mtbf_hours * 3600 / gpus) ** 0.5
+""", RIGHT),
+    Answer(1, "without the factor 2", """
+def checkpoint_interval(save_seconds, gpus, gpu_mtbf_hours):
+    return (save_seconds * gpu_mtbf_hours * 3600 / gpus) ** 0.5
+""", "without the factor 2"),
+    Answer(1, "one GPU's MTBF taken as the job's", """
+def checkpoint_interval(save_seconds, gpus, gpu_mtbf_hours):
+    return (2 * save_seconds * gpu_mtbf_hours * 3600) ** 0.5
+""", "divide one GPU's MTBF by the number of GPUs"),
+    Answer(1, "hours left as hours", """
+def checkpoint_interval(save_seconds, gpus, gpu_mtbf_hours):
+    return (2 * save_seconds * gpu_mtbf_hours / gpus) ** 0.5
+""", "turn it into seconds"),
+    Answer(1, "the answer in minutes", """
+def checkpoint_interval(save_seconds, gpus, gpu_mtbf_hours):
+    return (2 * save_seconds * gpu_mtbf_hours * 3600 / gpus) ** 0.5 / 60
+""", "seconds"),
+    Answer(1, "no square root", """
+def checkpoint_interval(save_seconds, gpus, gpu_mtbf_hours):
+    return 2 * save_seconds * gpu_mtbf_hours * 3600 / gpus
+""", "take the square root"),
+    Answer(1, "the job's MTBF instead of the interval", """
+def checkpoint_interval(save_seconds, gpus, gpu_mtbf_hours):
+    return gpu_mtbf_hours * 3600 / gpus
+""", "the job's MTBF"),
+    Answer(1, "a string", """
+def checkpoint_interval(save_seconds, gpus, gpu_mtbf_hours):
+    return f"{(2 * save_seconds * gpu_mtbf_hours * 3600 / gpus) ** 0.5:.0f} s"
+""", "should return a number of seconds"),
+    Answer(1, "the Llama 3 figure, whatever the job", """
+def checkpoint_interval(save_seconds, gpus, gpu_mtbf_hours):
+    return 221.0
+""", "should be"),
+    Answer(2, "the solution: largest median time before the collective", """
+import statistics
+
+def find_straggler(times):
+    return max(times, key=lambda r: statistics.median(b for b, _ in times[r]))
+""", RIGHT),
+    Answer(2, "also right: shortest median wait inside the collective", """
+import statistics
+
+def find_straggler(times):
+    return min(times, key=lambda r: statistics.median(i for _, i in times[r]))
+""", RIGHT),
+    Answer(2, "the mean time before the collective: one bad step decides", """
+def find_straggler(times):
+    return max(times, key=lambda r: sum(b for b, _ in times[r]) / len(times[r]))
+""", "take the median"),
+    Answer(2, "the slowest single step", """
+def find_straggler(times):
+    return max(times, key=lambda r: max(b for b, _ in times[r]))
+""", "had one bad step"),
+    Answer(2, "the longest wait inside the collective", """
+import statistics
+
+def find_straggler(times):
+    return max(times, key=lambda r: statistics.median(i for _, i in times[r]))
+""", "one of the fast ranks"),
+    Answer(2, "the longest step (they are all alike)", """
+import statistics
+
+def find_straggler(times):
+    return max(times, key=lambda r: statistics.median(b + i for b, i in times[r]))
+""", "not"),
+    Answer(2, "the first step only", """
+def find_straggler(times):
+    return max(times, key=lambda r: times[r][0][0])
+""", "not"),
+    Answer(2, "the rank as a string", """
+import statistics
+
+def find_straggler(times):
+    return str(max(times, key=lambda r: statistics.median(b for b, _ in times[r])))
+""", "should return a rank (an int)"),
+]

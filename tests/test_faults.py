@@ -1,0 +1,117 @@
+"""distlab.faults: a rank that dies on purpose, and a launch whose survivors go on."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from processes import alive
+
+import distlab
+from distlab import faults
+
+
+def _survive_a_death(crash, path):
+    """Every rank writes its pid (and a child's), rank 1 dies after step 1 as `crash` says, the
+    others catch gloo's error and return what it said."""
+    import subprocess
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with open(os.path.join(path, f"pids-{rank}"), "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    dist.barrier()
+    crash.here(1)
+    try:
+        dist.all_reduce(torch.ones(1))
+    except RuntimeError as e:
+        return f"rank {rank} caught {type(e).__name__}"
+    finally:
+        if rank != crash.rank:
+            child.kill()
+            child.wait()
+    return "no error"
+
+
+def _pids(path, world_size):
+    pids = []
+    for r in range(world_size):
+        with open(os.path.join(path, f"pids-{r}")) as f:
+            pids += [int(p) for p in f.read().split()]
+    return pids
+
+
+@pytest.mark.parametrize("how, exitcode", [("exit", 13), ("SIGKILL", -9)])
+def test_survivors_go_on_after_a_rank_dies_and_nothing_is_left_behind(tmp_path, how, exitcode):
+    crash = faults.Crash(rank=1, step=1, how=how)
+    outcome = faults.launch(_survive_a_death, crash, str(tmp_path), world_size=3, timeout=30)
+    assert outcome.dead == [1] and outcome.survivors == [0, 2]
+    assert outcome == ["rank 0 caught RuntimeError", None, "rank 2 caught RuntimeError"]
+    assert outcome.failures[1].exitcode == exitcode and outcome.failures[1].stage == "died"
+    assert "2 of 3 ranks finished" in repr(outcome)
+    # every rank, and the child the dead rank started, is gone
+    assert alive(_pids(tmp_path, 3)) == []
+
+
+def _uncaught(crash):
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    crash.here(1)
+    dist.all_reduce(torch.ones(1))
+
+
+def test_a_survivor_that_does_not_catch_the_error_is_a_rank_error():
+    with pytest.raises(distlab.RankError) as info:
+        faults.launch(_uncaught, faults.Crash(rank=0, step=1), world_size=2, timeout=30)
+    assert info.value.primary.rank == 0 and info.value.primary.stage == "died"
+    assert [f.rank for f in info.value.failures] == [0, 1] and info.value.failures[1].consequence
+
+
+def _survivor_hangs(crash):
+    import time
+
+    crash.here(1)
+    time.sleep(60)
+
+
+def test_a_survivor_still_running_at_the_timeout_is_stopped():
+    with pytest.raises(distlab.RankError) as info:
+        faults.launch(_survivor_hangs, faults.Crash(rank=1, step=1), world_size=2, timeout=2)
+    assert info.value.primary.rank == 1 and info.value.stopped == [0]
+
+
+def _nothing():
+    return "fine"
+
+
+def test_without_a_death_it_is_launch():
+    outcome = faults.launch(_nothing, world_size=2)
+    assert outcome == ["fine", "fine"] and outcome.dead == [] and outcome.survivors == [0, 1]
+
+
+def test_crash_happens_only_on_its_rank_and_step():
+    crash = faults.Crash(rank=1, step=3)
+    crash.here(3, rank=0)  # another rank: nothing
+    crash.here(2, rank=1)  # another step: nothing
+    crash.here(3)  # this process's RANK is not 1 (unset here): nothing
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        ({"rank": -1, "step": 1}, ValueError, "rank must be"),
+        ({"rank": 0, "step": 0}, ValueError, "step must be"),
+        ({"rank": 1.5, "step": 1}, TypeError, "rank must be"),
+        ({"rank": 0, "step": 1, "how": "SIGTERM"}, ValueError, "use one of"),
+        ({"rank": 0, "step": 1, "code": 256}, ValueError, "an exit code"),
+    ],
+)
+def test_a_crash_that_cannot_happen_is_refused(kwargs, error, words):
+    with pytest.raises(error, match=words):
+        faults.Crash(**kwargs)
