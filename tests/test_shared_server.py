@@ -19,6 +19,10 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "notebooks/07_groups_barriers_objects.ipynb"  # a 4-rank Cluster, subgroups, barriers
+# On torch 2.13 notebook 07 prints other group names by design (2.14 changed how local groups are
+# named): there the same three learners run notebook 03, whose 4-rank launches print alike on
+# every release the course is tried on.
+OLDER_TORCH_NOTEBOOK = "notebooks/03_broadcast_scatter_gather.ipynb"
 
 
 def _tagged(tag: str) -> list[psutil.Process]:
@@ -32,7 +36,12 @@ def _tagged(tag: str) -> list[psutil.Process]:
     return found
 
 
-def test_three_kernels_run_a_four_rank_notebook_at_once(tmp_path):
+def test_three_kernels_run_a_four_rank_notebook_at_once(tmp_path, pytestconfig):
+    import distlab
+
+    notebook = NOTEBOOK if distlab.torch_at_least("2.14") else OLDER_TORCH_NOTEBOOK
+    # The sanitize file this run compares with (another torch's runs add a line to it).
+    sanitize = Path(pytestconfig.getoption("nbval_sanitize_with")).resolve()
     tag = uuid.uuid4().hex
     shared_tmp = tmp_path / "tmp"
     shared_tmp.mkdir()
@@ -44,7 +53,8 @@ def test_three_kernels_run_a_four_rank_notebook_at_once(tmp_path):
     )
     learners = [
         subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "--no-header", "-p", "no:randomly", NOTEBOOK],
+            [sys.executable, "-m", "pytest", "-q", "--no-header", "-p", "no:randomly",
+             "--nbval-sanitize-with", str(sanitize), notebook],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         for _ in range(3)
