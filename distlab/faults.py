@@ -27,9 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from . import _config
-from ._ranks import ship
-from ._ranks.group import RankGroup
+from . import _config, launcher
 from .errors import RankFailure, entry_point
 
 #: How a `Crash` ends its rank: an exit code (as abrupt as a crash: no exception, no clean-up,
@@ -105,19 +103,9 @@ class Outcome(list):
 
 
 @entry_point
-def launch(
-    fn,
-    *args,
-    world_size: int = 2,
-    backend: str | None = "auto",
-    timeout: float = 60.0,
-    threads: int | None = None,
-    fold: bool = True,
-    start_method: str | None = None,
-    env: dict[str, str] | None = None,
-    start_timeout: float = 60.0,
-    **kwargs,
-) -> Outcome:
+def launch(fn, *args, world_size: int = 2, backend: str | None = "auto", timeout: float = 60.0,
+           threads: int | None = None, fold: bool = True, start_method: str | None = None,
+           env: dict[str, str] | None = None, start_timeout: float = 60.0, **kwargs) -> Outcome:
     """`distlab.launch`, except that a rank that dies does not stop the others.
 
     The survivors run on until ``fn`` returns on each of them (a survivor waiting in a
@@ -138,31 +126,10 @@ def launch(
         (a lost *node* closes no socket; with gloo and a live OS the error comes at once).
         Every process is gone when it returns or raises.
     """
-    _config.check_callable(fn)
-    world_size = _config.check_world_size(world_size)
-    timeout = _config.check_timeout(timeout)
-    start_timeout = _config.check_timeout(start_timeout, "start_timeout")
-    backend = _config.resolve_backend(backend, world_size)
-    start_method = _config.check_start_method(start_method)
-    payload = ship.dumps_call(fn, args, kwargs)
-    group = RankGroup(
-        world_size,
-        backend,
-        threads=threads,
-        pg_timeout=timeout,
-        start_method=start_method,
-        env=env,
-        start_timeout=start_timeout,
-    )
-    try:
-        values = group.execute(
-            payload, timeout=timeout, on_failure="survive", grace=timeout, fold=fold
-        )
-    except BaseException:
-        group.kill()
-        raise
-    finally:
-        group.close()
+    values = launcher.run(
+        fn, args, kwargs, world_size=world_size, backend=backend, timeout=timeout,
+        threads=threads, stream=False, fold=fold, start_method=start_method, env=env,
+        start_timeout=start_timeout, on_failure="survive", grace=timeout)
     return Outcome(values)
 
 

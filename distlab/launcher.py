@@ -93,6 +93,16 @@ def launch(
             collective, usually). The message shows where each one was stuck.
         KeyboardInterrupt: you pressed stop; every rank is killed first.
     """
+    return run(fn, args, kwargs, world_size=world_size, backend=backend, timeout=timeout,
+               threads=threads, stream=stream, fold=fold, start_method=start_method, env=env,
+               start_timeout=start_timeout, on_failure="kill")
+
+
+def run(fn, args, kwargs, *, world_size, backend, timeout, threads, stream, fold, start_method,
+        env, start_timeout, on_failure, grace=None) -> list:
+    """Check launch's options, start the ranks, run ``fn`` on them and stop them all: the body of
+    `distlab.launch` (``on_failure="kill"``) and of `distlab.faults.launch` (``"survive"``,
+    where a dead rank leaves the others running for ``grace`` seconds)."""
     _config.check_callable(fn)
     world_size = _config.check_world_size(world_size)
     timeout = _config.check_timeout(timeout)
@@ -110,19 +120,18 @@ def launch(
         env=env,
         start_timeout=start_timeout,
     )
+    extra = {} if grace is None else {"grace": grace}
     ok = False
     try:
         values = group.execute(
-            payload, timeout=timeout, stream=stream, on_failure="kill", fold=fold
+            payload, timeout=timeout, stream=stream, on_failure=on_failure, fold=fold, **extra
         )
         ok = True
         return values
     finally:
-        if ok:
-            group.close()
-        else:
+        if not ok:
             group.kill()
-            group.close()
+        group.close()
 
 
 def split_options(kwargs: dict) -> tuple[dict, dict]:
