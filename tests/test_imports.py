@@ -141,6 +141,8 @@ KNOWS_NOTHING = {
                                                           _C + "comm"),
     (_C + "pipeline", "models or memory in bytes"): (_C + "models", _C + "memory_estimate"),
     (_C + "stepper", "time"): (_C + "comm", _C + "links"),
+    (_C + "steptime", "memory or drawing"): (_C + "memory_estimate", _C + "activation_terms",
+                                             *_DRAWING),
     (_S + "calculator_check", "how either is computed"): (*_SIMULATING,
                                                       _C + "activation_terms"),
     (_S + "instruments", "models or layouts"): (_S + "model", _S + "layout",

@@ -9,11 +9,13 @@ Where the fit is kept: ``$DISTLAB_HOME/alpha_beta.json``, or ``~/.cache/distlab/
 when ``DISTLAB_HOME`` is not set. A small JSON file: alpha, beta, the ranks it was fitted on and a
 note; delete it to forget the fit.
 
-The presets' bandwidths are the hardware's, per direction; their latencies are the per-step
-hardware latencies NCCL's own cost model assumes for its default Simple protocol (``hwLat`` in
-NVIDIA/nccl's src/graph/tuning.cc: ring, NVLink 3.4 µs, network 9.6 µs; the low-latency LL
-protocol, used for small messages, has 0.47 and 2.7 µs). Real collectives reach somewhat less
-bandwidth than the link's peak; measure with nccl-tests before you plan on a number.
+The presets' ``beta`` is the hardware's peak bandwidth, per direction; their latencies are the
+per-step hardware latencies NCCL's own cost model assumes for its default Simple protocol
+(``hwLat`` in NVIDIA/nccl's src/graph/tuning.cc: ring, NVLink 3.4 µs, network 9.6 µs; the
+low-latency LL protocol, used for small messages, has 0.47 and 2.7 µs). Real collectives reach
+less than the peak: each preset also carries ``busbw``, the bus bandwidth NCCL reaches on it as
+nccl-tests measures it (its source in ``busbw_source``), and ``link.measured()`` is the same link
+with beta = 1 / busbw. Which one a result used is in its link's name ("... NCCL-measured").
 
 Knows nothing about collectives: `comm` uses the links.
 """
@@ -40,17 +42,33 @@ class Link(Printed):
         alpha: seconds per message (latency).
         beta: seconds per byte (1 / bandwidth).
         source: where the numbers come from (not shown in text).
+        busbw: the bus bandwidth NCCL measures on this link (nccl-tests' ``busbw``, bytes per
+            second), when someone has measured it; None otherwise.
+        busbw_source: where ``busbw`` comes from.
     """
 
     name: str
     alpha: float
     beta: float
     source: str = ""
+    busbw: float | None = None
+    busbw_source: str = ""
 
     @property
     def bandwidth(self) -> float:
         """Bytes per second, 1 / beta."""
         return 1 / self.beta
+
+    def measured(self) -> Link:
+        """This link at the bandwidth NCCL measures on it (``busbw``), named "... NCCL-measured".
+        Raises `CalculatorError` when no measurement is known (give ``busbw=``)."""
+        if self.busbw is None:
+            raise CalculatorError(
+                f"{self.name} has no NCCL-measured bandwidth: build it with busbw= (bytes per "
+                "second, from nccl-tests' busbw column), or use its peak"
+            )
+        return Link(f"{self.name}, NCCL-measured", self.alpha, 1 / self.busbw,
+                    self.busbw_source, self.busbw, self.busbw_source)
 
     def text(self) -> str:
         return (f"{self.name}: alpha = {seconds(self.alpha)} per message, "
@@ -58,6 +76,15 @@ class Link(Printed):
 
 
 _NCCL = "per-step latency: NCCL's src/graph/tuning.cc, hwLat, ring, Simple protocol"
+_NVLINK_BUSBW = (
+    "nccl-tests on 8 H100 SXM: 'with the protocol overhead (~20%) NCCL can get an effective "
+    "NVLink bandwidth of 370GB/s', seen as busbw of ring collectives (NVIDIA/nccl-tests#212, "
+    "S. Jeaugey); 'practical measurements typically show ... around 360 GB/s' "
+    "(NVIDIA/nccl-tests#312); 360 GB/s taken (all_reduce with NVLink SHARP reports more busbw "
+    "than goes on the wire)")
+_NETWORK_BUSBW = (
+    "nccl-tests across H100 nodes, NDR 400 Gb/s per NIC: 'you should see 46-48GB/s per NIC' "
+    "(NVIDIA/nccl-tests#290, NVIDIA's AddyLaddy, ring algorithm); 46 GB/s taken")
 
 #: Preset links. The loopback one is notebook 08's fit as saved in its outputs (2 ranks, gloo,
 #: this course's 2-core machine); your own fit, once saved, is `load_fit`.
@@ -66,10 +93,13 @@ LINKS = {
     for link in (
         Link("NVLink 4 (H100 SXM)", 3.4e-6, 1 / 450e9,
              "NVIDIA H100 datasheet: NVLink 900 GB/s per GPU, both directions together, so "
-             f"450 GB/s each way; {_NCCL} (NVLink)"),
+             f"450 GB/s each way; {_NCCL} (NVLink)",
+             busbw=360e9, busbw_source=_NVLINK_BUSBW),
         Link("InfiniBand NDR (400 Gb/s)", 9.6e-6, 1 / 50e9,
              "NVIDIA ConnectX-7 / Quantum-2: NDR InfiniBand, 400 Gb/s = 50 GB/s per port and "
-             f"direction (a DGX H100 has one port per GPU); {_NCCL} (network)"),
+             f"direction (a DGX H100 has one port per GPU; RoCE at 400 Gb/s per GPU, as on the "
+             f"Llama 3 and torchtitan clusters, has the same line rate); {_NCCL} (network)",
+             busbw=46e9, busbw_source=_NETWORK_BUSBW),
         Link("loopback, gloo (notebook 08)", 162e-6, 1 / 1.33e9,
              "notebooks/08, the alpha-beta fit in its saved outputs: 162 µs, 1.33 GB/s"),
     )

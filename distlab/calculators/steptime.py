@@ -1,0 +1,327 @@
+"""A training step's time and its MFU, from a layout: compute per layer, the collectives that
+are exposed and those hidden behind compute, and the pipeline's bubble.
+
+    from distlab.calculators import step_time
+    t = step_time("Llama-3 405B", tp=8, pp=16, dp=128, seq_len=8192, microbatches=16,
+                  schedule="Interleaved1F1B", v=2)
+    t.mfu, t.mfu_6n, t.seconds      # and print(t): every term, and every assumption named
+
+A prediction, not a measurement: each number comes from the inputs below, each named.
+
+Compute, per microbatch, on the slowest pipeline stage (`models.stage_layers`):
+- matmuls: 2 FLOPs per parameter per token forward, 4 backward (a layer's Linear weights on one
+  tensor-parallel rank; the output layer on the last stage), at ``matmul_efficiency`` x
+  ``peak_flops``. The default efficiency is MAMF_H100 / H100_PEAK = 792.1 / 989 = 0.80: the
+  Maximum Achievable Matmul FLOPS of a dense bf16 matmul on H100 SXM (CUDA 12.1) measured by
+  stas00/ml-engineering's mamf-finder.py (its README's "Maximum Achievable Matmul FLOPS
+  comparison table"). A measured GEMM ceiling, not fitted to any training run's MFU.
+- attention: counted, causal (FlashAttention skips the masked half): forward 2 matmuls of
+  2 s_q s_kv d_head FLOPs per head, halved; backward 2.5x forward (FlashAttention's 5 matmuls
+  against 2: it recomputes the scores), at ``attention_efficiency`` (default: the matmul's).
+- recomputation by ``checkpointing``: "none"; "op-selective" (torchtitan's policy saves every
+  other matmul's output, attention's and the reduce-scatters': about half the matmuls' forward
+  again); "selective" (Megatron's: attention's core again); "full" (the whole forward again,
+  with its tensor- and context-parallel collectives).
+Elementwise work (norms, SwiGLU's product, RoPE, the loss) and the optimizer step are not timed.
+
+Communication: each collective's time is `comm.collective_time` (alpha-beta, ring) over a link,
+at the bandwidth NCCL measures (``bandwidth="measured"``, `Link.measured`) or the link's peak
+(``"peak"``). nccl-tests' busbw is defined so that a ring's time is (N-1)/N S / busbw, the
+bandwidth term of `comm`: the two plug together. With sequence parallelism:
+- TP (NVLink, inside a node): per layer 2 all-gathers and 2 reduce-scatters of the microbatch's
+  activations forward, the same backward: **exposed** (each feeds the next matmul), unless
+  ``async_tp`` (then hidden behind the matmuls, the excess exposed).
+- CP (the network): per layer an all-gather of K and V forward, a reduce-scatter of their
+  gradients backward (Llama 3's all-gather context parallelism): **exposed**.
+- PP (the network): one send of a stage's output forward and of its gradient backward per
+  microbatch and stage, 1/tp of the activations each (Megatron's scatter-gather with SP):
+  **hidden** behind the next microbatch's compute; the excess over one stage's forward exposed.
+- DP (FSDP, the network or ``dp_link``): the stage's bf16 parameters all-gathered once per
+  step with PP (kept for every microbatch; without PP, again in every microbatch's forward and
+  backward) and its gradients reduce-scattered once, in fp32 (``grad_bytes=4``, as Llama 3
+  does), layer by layer, **hidden** by prefetching one layer ahead: per layer, the excess of
+  the collective over one microbatch's forward (all-gather) or backward (reduce-scatter) of a
+  layer is exposed.
+Given ``report`` (a `distlab.scale.RankReport`, one simulated rank's step), the TP and CP
+collectives are those it recorded (kind, group size, bytes), in place of the formulas above.
+
+The bubble: GPipe and 1F1B idle (p-1)/(m+p-1) of the wall time, interleaved 1F1B with v stages
+per rank (p-1)/(v m+p-1) (`pipeline.Schedule.formula`). A step is m x (a microbatch's busy
+time) / (1 - bubble), plus FSDP's exposed time.
+
+MFU: FLOPs of the model per token x tokens per step / (step time x GPUs x peak).
+``mfu_6n`` counts 6 N per token (N: every parameter, embeddings included; no attention).
+``mfu`` counts 6 N plus causal attention, forward x 3 (6 L s d per token): the Llama 3 paper
+reports TFLOPs per GPU / peak (Table 4: 430 / 989 = 43%) without writing its FLOP count; we
+assume the PaLM paper's (Appendix B: 6 N + attention) with the causal half, and say so. At 8K
+tokens attention is 4% of 405B's FLOPs, at 128K 67%: the definition matters there.
+``hfu`` counts what the GPU runs: recomputation and attention's 2.5x backward included.
+
+Knows nothing about memory (`memory_estimate`) or drawing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from ._text import CalculatorError, Printed, choice, positive_int, seconds
+from .comm import collective_time
+from .links import get_link
+from .models import Transformer, get_model, stage_layers
+from .pipeline import SCHEDULES
+
+__all__ = ["CHECKPOINTING", "H100_PEAK", "MAMF_H100", "MATMUL_EFFICIENCY", "StepTime",
+           "Term", "bubble", "step_time"]
+
+H100_PEAK = 989e12  #: H100 SXM dense bf16 FLOP/s (NVIDIA datasheet: 1,979 with sparsity)
+MAMF_H100 = 792.1e12  #: measured: stas00/ml-engineering, MAMF table, H100 SXM, bf16, CUDA 12.1
+MATMUL_EFFICIENCY = MAMF_H100 / H100_PEAK  #: 0.80, the default ``matmul_efficiency``
+CHECKPOINTING = ("none", "op-selective", "selective", "full")
+_RECOMPUTE = {  # (share of the matmuls' forward, of attention's forward) run again in backward
+    "none": (0, 0), "op-selective": (Fraction(1, 2), 0), "selective": (0, 1), "full": (1, 1),
+}
+
+
+def bubble(p, m, v=1, schedule="1F1B") -> Fraction:
+    """The idle share of a pipeline's wall time: (p-1)/(m+p-1) for GPipe and 1F1B,
+    (p-1)/(v m+p-1) for Interleaved1F1B with v stages per rank. Raises `CalculatorError` for
+    an unknown schedule, or v > 1 with GPipe or 1F1B."""
+    choice(schedule, "schedule", SCHEDULES)
+    p, m, v = positive_int(p, "p"), positive_int(m, "m"), positive_int(v, "v")
+    if schedule != "Interleaved1F1B" and v != 1:
+        raise CalculatorError(f"v={v} needs schedule='Interleaved1F1B' ({schedule} puts one "
+                              "stage on each rank)")
+    return Fraction(p - 1, v * m + p - 1)
+
+
+@dataclass(frozen=True)
+class Term:
+    """One line of a step's time: ``what``; ``seconds`` it takes per microbatch (per step for
+    ``per="step"``); ``exposed`` the part on the critical path; ``how`` hidden or exposed,
+    and why."""
+
+    what: str
+    seconds: float
+    exposed: float
+    how: str
+    per: str = "microbatch"
+
+
+@dataclass(frozen=True, repr=False)
+class StepTime(Printed):
+    """A step's predicted time and MFU (see the module). ``terms``: compute and communication,
+    each a `Term`; ``bubble``: a `Fraction`; ``seconds``: the step; ``tokens``: per step, all
+    GPUs; ``gpus``; ``flops_6n`` and ``flops_model`` (6 N + causal attention) per token;
+    ``flops_hardware``: what all GPUs run in one step; ``assumptions``: every input, in words."""
+
+    model: object
+    layout: str
+    microbatches: int
+    terms: tuple
+    bubble: Fraction
+    seconds: float
+    tokens: int
+    gpus: int
+    peak_flops: float
+    flops_6n: float
+    flops_model: float
+    flops_hardware: float
+    assumptions: tuple
+
+    def _util(self, flops) -> float:
+        return flops / (self.seconds * self.gpus * self.peak_flops)
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation with attention (causal) counted: the Llama 3 paper's."""
+        return self._util(self.flops_model * self.tokens)
+
+    @property
+    def mfu_6n(self) -> float:
+        """Model FLOPs utilisation by 6 N per token (no attention)."""
+        return self._util(self.flops_6n * self.tokens)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation: recomputation and attention's real backward counted."""
+        return self._util(self.flops_hardware)
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """``mfu`` x peak, in TFLOP/s: the Llama 3 paper's Table 4 column."""
+        return self.mfu * self.peak_flops / 1e12
+
+    @property
+    def tokens_per_second_per_gpu(self) -> float:
+        """torchtitan's TPS/GPU."""
+        return self.tokens / self.seconds / self.gpus
+
+    def text(self) -> str:
+        lines = [f"{self.model.name}, {self.layout}: {self.microbatches} microbatches per step"]
+        for t in self.terms:
+            lines.append(f"  {t.what:<34} {seconds(t.seconds):>10} per {t.per}, exposed "
+                         f"{seconds(t.exposed):>10}  ({t.how})")
+        lines += [
+            f"  bubble {float(self.bubble):.1%}; step {self.seconds:.2f} s for "
+            f"{self.tokens:,} tokens on {self.gpus:,} GPUs",
+            f"  MFU {self.mfu:.1%} (6N + causal attention; {self.tflops_per_gpu:.0f} TFLOP/s "
+            f"per GPU), {self.mfu_6n:.1%} by 6N; HFU {self.hfu:.1%}; "
+            f"{self.tokens_per_second_per_gpu:,.0f} tokens/s per GPU",
+            "  assumes: " + "; ".join(self.assumptions),
+        ]
+        return "\n".join(lines)
+
+
+def _link(link, bandwidth):
+    link = get_link(link)
+    return link.measured() if bandwidth == "measured" else link
+
+
+def _report_calls(report, axis):
+    """``(kind, ranks, nbytes)`` of the report's collectives on ``axis``, per microbatch."""
+    calls = [c for c in report.collectives if c.axis == axis]
+    per = max(1, getattr(report.layout, "accumulate", 1))
+    return [(c.kind, c.ranks, c.nbytes) for c in calls[: len(calls) // per]]
+
+
+def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
+              microbatches=None, schedule="1F1B", v=1, checkpointing="none",
+              matmul_efficiency=MATMUL_EFFICIENCY, attention_efficiency=None,
+              peak_flops=H100_PEAK, bandwidth="measured", nvlink="NVLink 4 (H100 SXM)",
+              network="InfiniBand NDR (400 Gb/s)", dp_link=None, async_tp=False,
+              grad_bytes=4, report=None) -> StepTime:
+    """Predict one training step's time and MFU (the module says how).
+
+    Args:
+        model: a `Transformer` or a preset's name ("Llama-3 405B").
+        tp, cp, pp, dp: tensor, context, pipeline and data (FSDP) parallel sizes; TP inside a
+            node (``nvlink``), the others across nodes (``network``).
+        seq_len, micro_batch: tokens per sequence, sequences per microbatch.
+        microbatches: microbatches per step through each pipeline (per data-parallel rank);
+            default pp. Tokens per step: dp x microbatches x micro_batch x seq_len.
+        schedule, v: "GPipe", "1F1B" or "Interleaved1F1B" with v >= 2 stages per rank.
+        checkpointing: "none", "op-selective", "selective" or "full" (what is recomputed).
+        matmul_efficiency: the share of ``peak_flops`` the matmuls reach (default 0.80, the
+            measured H100 MAMF); attention_efficiency: attention's (default: the same).
+        peak_flops: one GPU's peak, FLOP/s (default H100 SXM dense bf16, 989e12).
+        bandwidth: "measured" (each link's NCCL-measured busbw, `Link.measured`) or "peak".
+        nvlink, network: `Link`\\ s or preset names (`LINKS`).
+        dp_link: the link FSDP's collectives use (default ``network``; ``nvlink`` for FSDP
+            inside one node).
+        async_tp: TP's collectives overlapped with the matmuls (async TP), not exposed.
+        grad_bytes: bytes per gradient in FSDP's reduce-scatter (4: fp32, as Llama 3).
+        report: optional `distlab.scale.RankReport`: its recorded TP and CP collectives are
+            timed instead of the formulas.
+
+    Returns:
+        A `StepTime`.
+
+    Raises:
+        CalculatorError (a ValueError): a size not a whole number >= 1; an unknown schedule,
+            checkpointing or bandwidth; v that does not fit the schedule; a model that is not a
+            dense `Transformer` (MoE is not modelled); an efficiency outside (0, 1]; a link with
+            no measured bandwidth when "measured" is asked (give ``bandwidth="peak"``).
+    """
+    m = get_model(model)
+    if not isinstance(m, Transformer) or m.experts > 1:
+        raise CalculatorError("step_time models a dense Transformer (a preset such as "
+                              "'Llama-3 405B'); mixtures of experts are not modelled")
+    for name, value in (("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp), ("seq_len", seq_len),
+                        ("micro_batch", micro_batch), ("grad_bytes", grad_bytes)):
+        positive_int(value, name)
+    mbs = pp if microbatches is None else positive_int(microbatches, "microbatches")
+    choice(checkpointing, "checkpointing", CHECKPOINTING)
+    choice(bandwidth, "bandwidth", ("measured", "peak"))
+    attention_efficiency = attention_efficiency or matmul_efficiency
+    for name, value in (("matmul_efficiency", matmul_efficiency),
+                        ("attention_efficiency", attention_efficiency)):
+        if not 0 < value <= 1:
+            raise CalculatorError(f"{name}={value!r}: a share of the peak, in (0, 1] (0.80 is "
+                                  "80%)")
+    idle = bubble(pp, mbs, v, schedule) if pp > 1 else Fraction(0)
+    m.check_tp(tp)
+    fast, slow = _link(nvlink, bandwidth), _link(network, bandwidth)
+    dpl = slow if dp_link is None else _link(dp_link, bandwidth)
+    hd, s_q = m.hidden // m.heads, micro_batch * seq_len // cp
+    matmul_f = 2 * (m.layer_parameters(tp)[0] - 2 * m.hidden) * s_q  # one layer, forward
+    attn_f = 4 * s_q * seq_len * hd * (m.heads // tp) / 2  # causal: half the blocks
+    out_f = 2 * m.hidden * -(-m.vocab // tp) * s_q
+    matmul_s, attn_s = peak_flops * matmul_efficiency, peak_flops * attention_efficiency
+    re_mm, re_at = _RECOMPUTE[checkpointing]
+    layer_fwd = matmul_f / matmul_s + attn_f / attn_s
+    layer_bwd = ((2 + float(re_mm)) * matmul_f / matmul_s
+                 + (2.5 + re_at) * attn_f / attn_s)
+    stages = [len(r) for r in stage_layers(m.layers, pp)]
+    stage_s = [n * (layer_fwd + layer_bwd) + (3 * out_f / matmul_s if i == pp - 1 else 0)
+               for i, n in enumerate(stages)]
+    slowest = max(range(pp), key=stage_s.__getitem__)
+    layers = stages[slowest]
+    compute = stage_s[slowest]
+    terms = [Term(f"compute, {layers} layers", compute, compute,
+                  f"matmuls at {matmul_efficiency:.0%} of peak, attention at "
+                  f"{attention_efficiency:.0%}, recompute '{checkpointing}'")]
+
+    act = s_q * m.hidden * 2  # one microbatch's bf16 activations, whole sequence shard
+    redo = 1 if checkpointing == "full" else 0
+    if report is not None:  # what the simulated rank recorded, per microbatch, its layers
+        rl = max(1, len(report.layers))
+        tp_calls = [(k, n, b, layers / rl) for k, n, b in _report_calls(report, "tp")]
+        cp_calls = [(k, n, b, layers / rl) for k, n, b in _report_calls(report, "cp")]
+    else:
+        tp_calls = [] if tp == 1 else [("all_gather", tp, act, (4 + 2 * redo) * layers),
+                                       ("reduce_scatter", tp, act, (4 + 2 * redo) * layers)]
+        kv = 2 * micro_batch * seq_len * (m.kv_heads // tp) * hd * 2  # K and V, bf16
+        cp_calls = [] if cp == 1 else [("all_gather", cp, kv, (1 + redo) * layers),
+                                       ("reduce_scatter", cp, kv, layers)]
+    tp_time = sum(n * collective_time(k, int(b), r, fast).seconds for k, r, b, n in tp_calls)
+    if tp_time:
+        matmuls = layers * (3 + float(re_mm)) * matmul_f / matmul_s
+        exposed = max(0.0, tp_time - matmuls) if async_tp else tp_time
+        terms.append(Term("TP all-gathers, reduce-scatters", tp_time, exposed,
+                          "async TP: hidden behind the matmuls" if async_tp else
+                          f"exposed, on {fast.name}"))
+    cp_time = sum(n * collective_time(k, int(b), r, slow).seconds for k, r, b, n in cp_calls)
+    if cp_time:
+        terms.append(Term("CP all-gather of K/V, reduce-scatter", cp_time, cp_time,
+                          f"exposed, on {slow.name}"))
+    if pp > 1:
+        send = collective_time("send", act // tp, 2, slow).seconds * 2 * v
+        window = compute / v
+        terms.append(Term("PP sends, forward and backward", send, max(0.0, send - window),
+                          f"hidden behind the next microbatch, on {slow.name}"))
+    busy = sum(t.exposed for t in terms)
+    step = mbs * busy / float(1 - idle)
+    if dp > 1:
+        params = m.layer_parameters(tp)[0]  # one layer's, gathered and reduced layer by layer
+        # with PP the gathered layers stay for the step (torchtitan, Llama 3): one gather;
+        # without, FSDP reshards after forward and gathers again in backward
+        gathers = 1 if pp > 1 else 2 * mbs
+        gather = collective_time("all_gather", 2 * params, dp, dpl).seconds
+        scatter = collective_time("reduce_scatter", grad_bytes * params, dp, dpl).seconds
+        exposed = layers * (max(0.0, gather - layer_fwd) * (1 if pp > 1 else mbs)
+                            + max(0.0, gather - layer_bwd) * (0 if pp > 1 else mbs)
+                            + max(0.0, scatter - layer_bwd))
+        terms.append(Term(f"FSDP gather, reduce-scatter (fp{8 * grad_bytes})",
+                          layers * (gathers * gather + scatter), exposed,
+                          "prefetched a layer ahead: the excess over a layer's compute "
+                          f"exposed, on {dpl.name}", per="step"))
+        step += exposed
+    gpus = tp * cp * pp * dp
+    tokens = dp * mbs * micro_batch * seq_len
+    attn_tok = 6 * m.layers * seq_len * m.heads * hd / 2  # causal, forward x 3, per token
+    flops_6n = 6 * m.parameters()
+    # what the GPUs run: 6N plus the recomputed forward share (2N each), attention's forward,
+    # its 2.5x backward and its recomputation
+    hardware = tokens * (flops_6n * (1 + float(re_mm) / 3) + attn_tok * (3.5 + re_at) / 3)
+    layout = f"TP {tp} x CP {cp} x PP {pp} x DP {dp}" + (
+        f", {schedule}" + (f" v={v}" if v > 1 else "") if pp > 1 else "")
+    assumptions = (
+        f"matmuls at {matmul_efficiency:.1%} of {peak_flops / 1e12:.0f} TFLOP/s",
+        f"links at their {'NCCL-measured busbw' if bandwidth == 'measured' else 'peak'} "
+        f"({fast.bandwidth / 1e9:.0f} and {slow.bandwidth / 1e9:.0f} GB/s)",
+        f"recomputation '{checkpointing}'",
+        f"bubble {idle} of the wall time", "elementwise ops, loss and optimizer not timed",
+    )
+    return StepTime(m, layout, mbs, tuple(terms), idle, step, tokens, gpus, peak_flops,
+                    flops_6n, flops_6n + attn_tok, hardware, assumptions)

@@ -1,0 +1,193 @@
+"""The step-time and MFU model (`calculators.steptime`), the links' measured bandwidths, and
+the bench that sets the model beside the Llama 3 paper (bench/mfu_vs_llama3.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from fractions import Fraction
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import distlab
+from distlab import scale
+from distlab.calculators import (
+    LINKS,
+    PRESETS,
+    CalculatorError,
+    Link,
+    bubble,
+    collective_time,
+    pipeline_schedule,
+    ring_steps,
+    step_time,
+)
+from distlab.calculators.steptime import H100_PEAK, MATMUL_EFFICIENCY
+
+NVLINK, NET = "NVLink 4 (H100 SXM)", "InfiniBand NDR (400 Gb/s)"
+PAPER_16K = dict(tp=8, pp=16, dp=128, seq_len=8192, microbatches=16)
+
+
+@pytest.mark.parametrize("p, m, v, schedule, expected", [
+    (16, 16, 1, "1F1B", Fraction(15, 31)),
+    (16, 16, 1, "GPipe", Fraction(15, 31)),
+    (16, 16, 2, "Interleaved1F1B", Fraction(15, 47)),
+    (4, 8, 3, "Interleaved1F1B", Fraction(3, 27)),
+])
+def test_bubble_is_p_minus_1_over_v_m_plus_p_minus_1(p, m, v, schedule, expected):
+    assert bubble(p, m, v, schedule) == expected
+
+
+def test_bubble_agrees_with_the_played_out_schedules():
+    assert bubble(4, 8) == pipeline_schedule(p=4, m=8, schedule="1F1B").bubble == Fraction(3, 11)
+    s = pipeline_schedule(p=4, m=8, v=2, schedule="Interleaved1F1B")
+    assert bubble(4, 8, 2, "Interleaved1F1B") == s.formula()
+    with pytest.raises(CalculatorError, match="Interleaved1F1B"):
+        bubble(4, 8, 2, "1F1B")
+
+
+def test_the_step_uses_its_schedules_bubble():
+    plain = step_time("Llama-3 405B", **PAPER_16K, schedule="1F1B")
+    inter = step_time("Llama-3 405B", **PAPER_16K, schedule="Interleaved1F1B", v=2)
+    assert plain.bubble == Fraction(15, 31) and inter.bubble == Fraction(15, 47)
+    busy = sum(t.exposed for t in inter.terms if t.per == "microbatch")
+    fsdp = sum(t.exposed for t in inter.terms if t.per == "step")
+    assert inter.seconds == pytest.approx(16 * busy / (1 - 15 / 47) + fsdp, rel=1e-12)
+
+
+def test_compute_counts_matmuls_and_causal_attention_by_hand():
+    m = PRESETS["Llama-3 8B"]
+    s, eff = 32768, 0.5
+    t = step_time(m, seq_len=s, matmul_efficiency=eff)  # one GPU: every layer, the output layer
+    matmul = (m.layer_parameters(1)[0] - 2 * m.hidden) * m.layers + m.hidden * m.vocab
+    attention_fwd = 2 * s * s * m.hidden * m.layers  # 4 s^2 d per layer, causal half
+    flops = 6 * matmul * s + 3.5 * attention_fwd  # FlashAttention's backward: 2.5x forward
+    assert t.terms[0].seconds == pytest.approx(flops / (H100_PEAK * eff), rel=1e-12)
+
+
+def test_recomputation_adds_its_forward():
+    m = PRESETS["Llama-3 8B"]
+    base, full = (step_time(m, checkpointing=c).terms[0].seconds for c in ("none", "full"))
+    sel = step_time(m, checkpointing="op-selective").terms[0].seconds
+    assert base < sel < full
+    # full recomputation runs every layer's forward once more: 1/3 of 6N's layers, plus
+    # attention's forward (1 of its 3.5)
+    assert full / base == pytest.approx(1.33, abs=0.03)
+
+
+def test_mfu_by_the_paper_counts_causal_attention_and_6n_does_not():
+    t = step_time("Llama-3 405B", **PAPER_16K, schedule="Interleaved1F1B", v=2)
+    m = PRESETS["Llama-3 405B"]
+    six_n = 6 * m.parameters()
+    attention = 6 * m.layers * 8192 * m.hidden / 2
+    assert t.tokens == 128 * 16 * 8192
+    assert t.mfu_6n == pytest.approx(six_n * t.tokens / (t.seconds * 16384 * H100_PEAK))
+    assert t.mfu / t.mfu_6n == pytest.approx((six_n + attention) / six_n, rel=1e-12)
+    assert t.tflops_per_gpu == pytest.approx(t.mfu * 989)
+    assert t.hfu >= t.mfu  # the GPUs also run attention's larger backward
+
+
+def _tp_term(t):
+    return next(term for term in t.terms if term.what.startswith("TP"))
+
+
+def test_exposed_tp_time_grows_when_the_link_is_slower():
+    fast = Link("fast", 3.4e-6, 1 / 450e9)
+    slow = Link("slow", 3.4e-6, 1 / 50e9)
+    a = step_time("Llama-3 405B", **PAPER_16K, nvlink=fast, bandwidth="peak")
+    b = step_time("Llama-3 405B", **PAPER_16K, nvlink=slow, bandwidth="peak")
+    assert _tp_term(b).exposed > 8 * _tp_term(a).exposed > 0
+    assert b.seconds > a.seconds and b.mfu < a.mfu
+    hidden = step_time("Llama-3 405B", **PAPER_16K, nvlink=fast, bandwidth="peak",
+                       async_tp=True)
+    assert _tp_term(hidden).exposed == 0 and hidden.mfu > a.mfu
+
+
+def test_measured_bandwidth_is_used_when_asked_and_says_so():
+    nv = LINKS[NVLINK]
+    assert nv.bandwidth == 450e9 and nv.measured().bandwidth == 360e9
+    assert LINKS[NET].measured().bandwidth == 46e9
+    t = step_time("Llama-3 405B", **PAPER_16K)  # default: measured
+    act = 8192 * PRESETS["Llama-3 405B"].hidden * 2
+    one = collective_time("all_gather", act, 8, nv.measured()).seconds
+    assert _tp_term(t).seconds == pytest.approx(8 * 8 * one, rel=1e-12)  # 8 per layer, 8 layers
+    assert "NCCL-measured" in _tp_term(t).how
+    peak = step_time("Llama-3 405B", **PAPER_16K, bandwidth="peak")
+    assert _tp_term(peak).seconds < _tp_term(t).seconds
+    with pytest.raises(CalculatorError, match="no NCCL-measured"):
+        LINKS["loopback, gloo (notebook 08)"].measured()
+
+
+def test_a_ring_all_reduce_sends_every_byte_twice():
+    # comm's formula against the stepper's played-out ring: 2 (n-1)/n S per rank
+    for n in (2, 3, 8):
+        size = 4 * 1200
+        t = collective_time("all_reduce", size, n, NVLINK)
+        assert t.sent == Fraction(2 * (n - 1) * size, n)
+        assert t.sent == ring_steps("all_reduce", ranks=n, numel=1200).per_rank[0]
+        assert collective_time("reduce_scatter", size, n, NVLINK).sent == t.sent / 2
+
+
+def test_a_simulated_ranks_collectives_time_as_the_formulas():
+    act = 8192 * PRESETS["Llama-3 405B"].hidden * 2
+    calls = [SimpleNamespace(kind=k, axis="tp", ranks=8, nbytes=act)
+             for _ in range(8) for k in ("all_gather", "reduce_scatter")]
+    report = SimpleNamespace(collectives=calls * 4, layers=tuple(range(8)),
+                             layout=SimpleNamespace(accumulate=1))
+    a = step_time("Llama-3 405B", **PAPER_16K)
+    b = step_time("Llama-3 405B", **PAPER_16K, report=report)
+    assert _tp_term(b).seconds == pytest.approx(_tp_term(a).seconds, rel=1e-12)
+
+
+def test_bad_inputs_say_what_to_choose():
+    with pytest.raises(CalculatorError, match="share of the peak"):
+        step_time("Llama-3 8B", matmul_efficiency=80)
+    with pytest.raises(CalculatorError, match="mixtures of experts"):
+        step_time("Mixtral 8x7B")
+    with pytest.raises(CalculatorError, match="checkpointing"):
+        step_time("Llama-3 8B", checkpointing="some")
+
+
+def _simulate_each(cases):
+    def run(cases):
+        from distlab.scale import simulate_rank
+
+        return simulate_rank(*cases[int(os.environ["RANK"])])
+
+    return distlab.launch(run, cases, world_size=len(cases), backend=None, timeout=240,
+                          threads=1)
+
+
+@pytest.mark.timeout(300)
+def test_a_simulated_ranks_flops_are_one_microbatchs_whatever_it_accumulates():
+    small = PRESETS["Llama-3 8B"].__class__(
+        "small", vocab=1024, hidden=256, intermediate=896, layers=4, heads=8, kv_heads=2)
+    one, three = _simulate_each([(small, scale.Layout(dp=2, seq_len=128)),
+                                 (small, scale.Layout(dp=2, seq_len=128, accumulate=3))])
+    assert one.flops > 0 and three.flops == one.flops
+
+
+def _bench():
+    path = Path(__file__).parents[1] / "bench" / "mfu_vs_llama3.py"
+    spec = importlib.util.spec_from_file_location("mfu_vs_llama3", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bench_rows_stay_where_the_note_says():
+    bench = _bench()
+    rows = bench.paper_rows()
+    gaps = [100 * bench.final(row).mfu - row[1] for row in rows]
+    # 16K GPUs (8K and 128K tokens) within the 5-point band; 8K GPUs overshoots (+7.9 points
+    # with v=2): the model's bubble falls faster with more microbatches than the paper's did
+    assert abs(gaps[1]) <= bench.BAND and abs(gaps[2]) <= bench.BAND
+    assert 0 < gaps[0] <= 9
+    for _, _, steps in rows:  # each step moves the way its assumption says
+        mfus = [t.mfu for _, _, t in steps]
+        assert mfus[1] > mfus[0] and mfus[2] > mfus[1] and mfus[3] < mfus[2] < mfus[4]
+    assert bench.final(rows[0]).assumptions[0].startswith(f"matmuls at {MATMUL_EFFICIENCY:.1%}")
