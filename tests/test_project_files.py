@@ -18,6 +18,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from distlab import _torch
+
 pytestmark = pytest.mark.quick
 
 try:
@@ -261,6 +263,7 @@ def test_makefile_installs_pinned_torch_then_the_lock():
     # Any other torch requirement makes pip fetch gigabytes of CUDA wheels on the course machine.
     makefile = (ROOT / "Makefile").read_text()
     assert re.fullmatch(r"torch==\d+\.\d+\.\d+", _makefile_value("TORCH"))  # exact, no range
+    assert _makefile_value("TORCH") == f"torch=={_torch.LOCKED}"  # what the outputs were made with
     torch_rule = re.search(r"^\$\(VENV\)/\.stamp-torch:.*?(?=^\S)", makefile, re.M | re.S)
     assert torch_rule and "$(PIP) install -q $(TORCH) -c $(LOCK)" in torch_rule.group(0)
     deps_rule = re.search(r"^\$\(VENV\)/\.stamp-deps:(.*?)(?=^\S)", makefile, re.M | re.S)
