@@ -171,6 +171,18 @@ def rank_peak_tracker():
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class RankPeak(MemTracker):
+        def _pre_fw_hook(self, module, inputs) -> None:
+            # A pipeline schedule runs the stage's forward once per microbatch: MemTracker
+            # refuses a root module's second forward ("multiple iterative calls"). Its
+            # per-module stats are not read here; start this root's afresh (its forward files
+            # each of its modules again before a backward hook looks; other stages' stay).
+            parents = set(self._mod_tracker.parents) - {self._mod_tracker.get_known_fqn(module)}
+            if (module in self.memory_tracking and not self._mod_tracker.is_bw
+                    and parents == {"Global"}):
+                for sub in module.modules():
+                    self.memory_tracking.pop(sub, None)
+            super()._pre_fw_hook(module, inputs)
+
         def _update_peak_stats(self, peak_state) -> None:
             for device, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(device, 0) < snap["Total"]:

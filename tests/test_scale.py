@@ -159,8 +159,20 @@ def test_state_bytes_are_the_real_shards(small):
     first, last = small["pp first"], small["pp last"]
     assert first.layers == (0, 1) and last.layers == (2, 3)
     assert first.numel + last.numel == whole // 2
-    assert (first.in_flight, last.in_flight) == (2, 1)
-    assert first.peak == first.peak_one_microbatch + first.activations  # one more in flight
+    assert (first.in_flight, last.in_flight) == (2, 1)  # 1F1B, read off torch's schedule
+
+
+def test_pipelining_with_fsdp_keeps_unsharded_fp32_gradients_for_the_whole_step(small):
+    """PipelineStage turns FSDP's gradient sync and reshard-after-backward off for every
+    microbatch: the stage's gradients stay unsharded, in fp32 (FSDP2's reduce_dtype), until
+    the reduce-scatter after the last backward. The peak holds them, the sharded states and
+    every microbatch in flight at once."""
+    for key, dp in (("pp first", 2), ("pp last", 2)):
+        r = small[key]
+        unsharded_fp32_grads = 4 * dp * r.numel
+        floor = r.params + r.optimizer + unsharded_fp32_grads + r.in_flight * r.activations
+        assert r.peak >= floor, (key, r.peak, floor)
+        assert r.microbatches == 2
 
 
 def test_simulations_one_after_another_in_one_process_equal_those_in_processes_of_their_own(

@@ -37,6 +37,28 @@ layer (2-byte activations, 1-byte dropout masks, a 4h GELU MLP); we keep its cou
 SwiGLU MLP and grouped-query attention, and double it for fp32. The embedding and output
 layer's activations (the logits) and one recomputed layer in the backward are not counted.
 
+What a real run holds beyond those, each counted in ``peak`` and each a named choice:
+
+- ``implementation``: "eager" (PyTorch eager, as torchtitan and `distlab.scale` run it: the
+  default) or "megatron" (Megatron-LM: sequence-parallel inputs re-gathered in backward, a fused
+  SwiGLU); `activation_terms` lists what each keeps.
+- ``loss``: "upcast" (torchtitan's ``cross_entropy(pred.flatten(0, 1).float(), ...)``: the
+  default) or "fused" (a chunked or fused cross-entropy); `activation_terms.loss_transient`.
+- ``grad_sync``: with pipelining, `torch.distributed.pipelining.stage`'s
+  ``backward_maybe_with_nosync`` calls ``set_requires_gradient_sync(False)`` and
+  ``set_reshard_after_backward(False)`` on an FSDP2 stage for every microbatch but the last, so
+  FSDP2 accumulates each parameter's unsharded gradient, upcast to its ``reduce_dtype``
+  (``FSDPParam.to_accumulated_grad_if_needed``), for the whole step: the stage's parameters x
+  the gradient's bytes (4 with "bf16-fsdp2"), not divided by dp. Llama 3.1 405B at tp 8 x pp 8:
+  6.24 B parameters x 4 bytes = 25.0 GB (23.2 GiB) per GPU. Plain gradient accumulation with
+  ``no_sync`` / ``set_requires_gradient_sync(False)`` does the same (``grad_sync="last
+  microbatch"``). The sharded gradients only appear with the last reduce-scatter (torchtitan
+  zeroes gradients to None each step), so the peak counts the unsharded ones instead.
+- ``schedule``: "1F1B" (stage r holds min(pp - r, microbatches) microbatches), "GPipe" (all of
+  them) or "Interleaved1F1B" with ``virtual_stages`` v: rank r runs warm-up forwards of its v
+  stages as torch's ``ScheduleInterleaved1F1B`` orders them (`pipeline.pipeline_schedule`), each
+  holding 1/v of the rank's layers.
+
 For the course's MLPs, activations are what autograd saves: each Linear's input, plus the output
 of a final ReLU/tanh/sigmoid, per row (a row is one of micro_batch x seq_len tokens).
 
@@ -50,26 +72,31 @@ from dataclasses import dataclass
 
 from .._config import check_int
 from ._text import GB, CalculatorError, Printed, choice, divisors, one_of, positive_int
-from .activation_terms import llama_terms
+from .activation_terms import IMPLEMENTATIONS, LOSSES, llama_terms, loss_transient
 from .models import LinearStack, Params, Transformer, describe, get_model, stage_layers
 
-__all__ = ["ATTENTIONS", "CHECKPOINTING", "PARTS", "PRECISIONS", "MemoryEstimate",
-           "memory_per_device"]
+__all__ = ["ATTENTIONS", "CHECKPOINTING", "GRAD_SYNCS", "IMPLEMENTATIONS", "LOSSES", "PARTS",
+           "PRECISIONS", "SCHEDULES", "MemoryEstimate", "memory_per_device"]
 
 #: Bytes per parameter of (parameter, gradient, Adam's optimizer state), as each kind of
 #: training keeps them between steps:
 #:   fp32             4 + 4 + 8    everything in fp32
 #:   bf16-mixed       2 + 2 + 12   the ZeRO paper's (and DeepSpeed's): bf16 weights and
 #:                                 gradients, an fp32 master copy in the optimizer with m and v
+#:                                 (also named "bf16-zero-paper"; NOT what `distlab.scale`'s
+#:                                 Layout calls "bf16-mixed", which is FSDP2's "bf16-fsdp2")
 #:   bf16-fp32-grads  2 + 4 + 12   Megatron-LM's: gradients accumulated and reduced in fp32
 #:   bf16-fsdp2       4 + 4 + 8    FSDP2's MixedPrecisionPolicy(bf16, reduce fp32): the fp32
 #:                                 shards are the master weights; bf16 copies exist only while a
 #:                                 unit is gathered (counted in the peak, not here)
-PRECISIONS = {"fp32": (4, 4, 8), "bf16-mixed": (2, 2, 12), "bf16-fp32-grads": (2, 4, 12),
-              "bf16-fsdp2": (4, 4, 8)}
+PRECISIONS = {"fp32": (4, 4, 8), "bf16-mixed": (2, 2, 12), "bf16-zero-paper": (2, 2, 12),
+              "bf16-fp32-grads": (2, 4, 12), "bf16-fsdp2": (4, 4, 8)}
 #: Bytes of one activation value: bf16 compute for every mixed precision.
-ACTIVATION_BYTES = {"fp32": 4, "bf16-mixed": 2, "bf16-fp32-grads": 2, "bf16-fsdp2": 2}
-CHECKPOINTING = ("none", "selective", "op-selective", "full")
+ACTIVATION_BYTES = {"fp32": 4, "bf16-mixed": 2, "bf16-zero-paper": 2, "bf16-fp32-grads": 2,
+                    "bf16-fsdp2": 2}
+CHECKPOINTING = ("none", "selective", "op-selective", "op-selective-alternate", "full")
+GRAD_SYNCS = ("each microbatch", "last microbatch")
+SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 ATTENTIONS = ("sdpa", "written")
 PARTS = ("params", "grads", "optimizer", "activations")
 _ZERO = {0: "no ZeRO (DDP)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
@@ -111,6 +138,13 @@ class MemoryEstimate(Printed):
     gathered: int = 0
     recomputed: int = 0
     terms: tuple = ()
+    implementation: str = "eager"
+    loss: str = "upcast"
+    schedule: str = "1F1B"
+    virtual_stages: int = 1
+    grad_sync: str | None = None
+    unsharded_grads: int = 0
+    loss_transient: int = 0
 
     @property
     def total(self) -> int:
@@ -128,16 +162,21 @@ class MemoryEstimate(Printed):
         optimizer's shards, and the activations of ``in_flight`` microbatches) plus
         ``gathered``, the parameters FSDP has all-gathered for computing (ZeRO-3 without
         pipelining: the unit computing and the one prefetched; ZeRO-2, or any ZeRO with
-        pipelining, keeps every unit of the stage gathered from its forward to its backward)
-        and, with checkpointing, ``recomputed``: the layer running again in backward holds its
-        whole activations meanwhile. An estimate: it adds the largest parts as if they were
-        alive at the same moment, and leaves out the gradients of activations in backward, the
-        gradients not yet reduce-scattered, the logits' fp32 copy, the optimizer's temporaries
-        (fused AdamW has none) and allocator fragmentation. Against PyTorch's own code on
-        simulated ranks (bench/calculator_vs_simulation.py, notebook 25) it is within 4% without
-        checkpointing and within 13% with it (below: the gradients of a recomputed layer's
-        activations, which it leaves out, then matter); every other part is exact."""
-        return self.total + self.gathered + self.recomputed
+        pipelining, keeps every unit of the stage gathered from its forward to its backward);
+        ``unsharded_grads`` in place of the sharded gradients when FSDP accumulates without
+        syncing (pipelining); and the larger of two things that are never alive together:
+        ``loss_transient`` (the loss's fp32 copies on the last stage, at the start of its
+        backward) and ``recomputed`` (with checkpointing, the layer running again in backward
+        holds its whole activations meanwhile). An estimate: it adds the largest parts as if
+        they were alive at the same moment, and leaves out the gradients of activations in
+        backward, the gradients not yet reduce-scattered, the optimizer's temporaries (fused
+        AdamW has none) and allocator fragmentation (a measured "max reserved" is above it).
+        Against PyTorch's own code on simulated ranks (bench/calculator_vs_simulation.py,
+        notebook 25) it is within 4% without checkpointing and within 13% with it; against
+        torchtitan's measured H100 runs, bench/memory_vs_torchtitan.py."""
+        grads = self.unsharded_grads or self.grads
+        return (self.params + grads + self.optimizer + self.activations + self.gathered
+                + max(self.recomputed, self.loss_transient))
 
     def fits(self, capacity: int = 80 * GB) -> bool:
         """Whether the ``peak`` fits in ``capacity`` bytes (default 80 GB, an H100's memory)."""
@@ -156,6 +195,11 @@ class MemoryEstimate(Printed):
             f"{self.devices} devices: {layout} (ep {self.ep}); {_ZERO[self.zero]}; "
             f"{self.precision}: {p} + {g} + {k} bytes per parameter",
         ]
+        if not isinstance(self.model, (Params, LinearStack)):
+            impl = ("PyTorch eager (gathered inputs kept whole, unfused SwiGLU)"
+                    if self.implementation == "eager" else
+                    "Megatron-style (inputs re-gathered in backward, fused SwiGLU)")
+            lines.append(f"implementation: {impl}; loss: {self.loss}")
         if isinstance(self.model, Params):
             lines.append("activations: not modelled for a bare parameter count")
         else:
@@ -175,9 +219,17 @@ class MemoryEstimate(Printed):
         for part in (*PARTS, "total"):
             value = getattr(self, part)
             lines.append(f"{part:12}{value:>{width},}  {value / GB:9.2f}")
+        if self.unsharded_grads:
+            lines.append(f"{'grads, whole':12}{self.unsharded_grads:>{width},}  "
+                         f"{self.unsharded_grads / GB:9.2f}  (accumulated unsharded across "
+                         f"microbatches, in place of grads)")
         if self.peak != self.total:
-            added = [what for what, n in (("gathered parameters", self.gathered),
-                                          ("a recomputed layer", self.recomputed)) if n]
+            later = ("the loss's fp32 copies" if self.loss_transient > self.recomputed
+                     else "a recomputed layer")
+            added = [what for what, n in (
+                ("gathered parameters", self.gathered),
+                ("unsharded gradients - grads", self.unsharded_grads),
+                (later, max(self.recomputed, self.loss_transient))) if n]
             lines.append(f"{'peak':12}{self.peak:>{width},}  {self.peak / GB:9.2f}  "
                          f"(estimate: total + {' + '.join(added)})")
         return "\n".join(lines)
@@ -192,7 +244,8 @@ class MemoryEstimate(Printed):
 
 _INPUTS = ("model", "dp", "tp", "pp", "cp", "ep", "zero", "precision", "checkpointing",
            "seq_len", "micro_batch", "sequence_parallel", "attention", "stage", "microbatches",
-           "loss_parallel", "replicate", "reshard_after_forward")
+           "loss_parallel", "replicate", "reshard_after_forward", "implementation", "loss",
+           "schedule", "virtual_stages", "grad_sync")
 
 
 def memory_per_device(
@@ -215,6 +268,11 @@ def memory_per_device(
     loss_parallel=True,
     replicate=1,
     reshard_after_forward=True,
+    implementation="eager",
+    loss="upcast",
+    schedule="1F1B",
+    virtual_stages=1,
+    grad_sync=None,
 ) -> MemoryEstimate:
     """The bytes one device holds when ``model`` trains with Adam on this layout.
 
@@ -246,6 +304,18 @@ def memory_per_device(
         reshard_after_forward: with zero=3, FSDP frees the gathered parameters after each
             unit's forward (True) or keeps them until its backward (False: more memory, one
             all-gather fewer; what FSDP2 does with pipelining). Only the peak changes.
+        implementation: "eager" (PyTorch eager: sequence parallelism's gathered inputs kept
+            whole, an unfused SwiGLU's four tensors) or "megatron" (Megatron-LM: re-gathered in
+            backward, a fused SwiGLU's two); see `activation_terms`.
+        loss: "upcast" (torchtitan's: the logits upcast to fp32 before ``cross_entropy``) or
+            "fused" (a chunked or fused cross-entropy: nothing vocabulary-wide kept).
+        schedule: the pipeline schedule: "1F1B", "GPipe" or "Interleaved1F1B" (with
+            ``virtual_stages`` >= 2 stages per rank).
+        virtual_stages: stages per pipeline rank (Interleaved1F1B only).
+        grad_sync: when ZeRO-2/3 reduce-scatters gradients: "each microbatch", or "last
+            microbatch" (``no_sync``: unsharded gradients accumulate across microbatches).
+            Default: "last microbatch" with pipelining (as `PipelineStage` runs FSDP2),
+            "each microbatch" otherwise.
 
     Returns:
         A `MemoryEstimate` (exact bytes; its text shows them and GB).
@@ -255,8 +325,10 @@ def memory_per_device(
             >= 1; ``tp`` that does not divide the heads, key-value heads or MLP; ``pp`` that does
             not divide the layers; ``seq_len`` not a multiple of ``cp``; ``ep`` > 1 for a dense
             model, or not dividing the experts or ``dp``; ``cp`` > 1, ``tp`` > 1 or checkpointing
-            for a `LinearStack`; a ``zero``, ``precision`` or ``checkpointing`` not offered. Each
-            message lists what would work.
+            for a `LinearStack`; a ``zero``, ``precision``, ``checkpointing``,
+            ``implementation``, ``loss``, ``schedule`` or ``grad_sync`` not offered;
+            ``virtual_stages`` other than 1 without Interleaved1F1B, or 1 with it. Each message
+            lists what would work.
     """
     m = get_model(model)
     for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep),
@@ -276,6 +348,18 @@ def memory_per_device(
     choice(precision, "precision", PRECISIONS)
     choice(checkpointing, "checkpointing", CHECKPOINTING)
     _check_layout(m, dp, cp, ep, seq_len, checkpointing)
+    choice(implementation, "implementation", IMPLEMENTATIONS)
+    choice(loss, "loss", LOSSES)
+    choice(schedule, "schedule", SCHEDULES)
+    positive_int(virtual_stages, "virtual_stages")
+    if (schedule == "Interleaved1F1B") != (virtual_stages > 1):
+        raise CalculatorError(
+            f"schedule={schedule!r} with virtual_stages={virtual_stages}: Interleaved1F1B puts "
+            "v >= 2 stages on each rank, the others one: set virtual_stages=2 (or more) with "
+            "Interleaved1F1B, or virtual_stages=1 with 1F1B or GPipe")
+    if grad_sync is None:
+        grad_sync = "last microbatch" if pp > 1 else "each microbatch"
+    choice(grad_sync, "grad_sync", GRAD_SYNCS)
 
     dense, expert = m.shard(tp, pp, stage=stage)
     expert //= ep
@@ -285,28 +369,47 @@ def memory_per_device(
     def part(per_param: int, sharded: bool) -> int:
         return sum(-(-n // (ways if sharded else 1)) * per_param for n, ways in shards.values())
 
-    in_flight = min(pp - stage, microbatches or pp)  # 1F1B
-    terms = _activation_terms(m, tp=tp, pp=pp, cp=cp, ep=ep, seq_len=seq_len,
-                              micro_batch=micro_batch, checkpointing=checkpointing,
-                              sp=bool(sequence_parallel), precision=precision,
-                              attention=attention, stage=stage, loss_parallel=loss_parallel)
+    in_flight = _in_flight(schedule, pp, stage, microbatches or pp, virtual_stages)
+    kw = dict(tp=tp, pp=pp, cp=cp, ep=ep, seq_len=seq_len, micro_batch=micro_batch,
+              sp=bool(sequence_parallel), precision=precision, attention=attention, stage=stage,
+              loss_parallel=loss_parallel, implementation=implementation, loss=loss)
+    terms = _activation_terms(m, checkpointing=checkpointing, **kw)
     per_microbatch = sum(b for _, b in terms)
+    accumulating = zero >= 2 and grad_sync == "last microbatch" and (microbatches or pp) > 1
+    unsharded = sum(n for n in (dense, expert)) * g_bytes if accumulating else 0
+    transient = 0
+    if isinstance(m, Transformer) and stage == pp - 1:
+        transient = loss_transient(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
+                                   loss=loss, loss_parallel=loss_parallel, keeps_logits=pp > 1)
     return MemoryEstimate(
         model=m, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, precision=precision,
         checkpointing=checkpointing, seq_len=seq_len, micro_batch=micro_batch,
         sequence_parallel=bool(sequence_parallel), numel=dense + expert,
         params=part(p_bytes, zero >= 3), grads=part(g_bytes, zero >= 2),
-        optimizer=part(k_bytes, zero >= 1), activations=in_flight * per_microbatch,
+        optimizer=part(k_bytes, zero >= 1),
+        activations=in_flight * per_microbatch // virtual_stages,
         attention=attention, stage=stage, microbatches=microbatches,
         loss_parallel=bool(loss_parallel), replicate=replicate,
         reshard_after_forward=bool(reshard_after_forward), in_flight=in_flight,
         per_microbatch=per_microbatch, terms=tuple(terms),
         gathered=_gathered(m, tp, pp, stage, zero, precision, ep, bool(reshard_after_forward)),
-        recomputed=_recomputed(m, checkpointing, tp=tp, pp=pp, cp=cp, ep=ep, seq_len=seq_len,
-                               micro_batch=micro_batch, sp=bool(sequence_parallel),
-                               precision=precision, attention=attention, stage=stage,
-                               loss_parallel=loss_parallel),
+        recomputed=_recomputed(m, checkpointing, **kw),
+        implementation=implementation, loss=loss, schedule=schedule,
+        virtual_stages=virtual_stages, grad_sync=grad_sync, unsharded_grads=unsharded,
+        loss_transient=transient,
     )
+
+
+def _in_flight(schedule, pp, stage, microbatches, v) -> int:
+    """Microbatches (with v > 1: stage-microbatches, each 1/v of the rank's layers) whose
+    activations stage ``stage``'s rank holds at once."""
+    if schedule == "GPipe":
+        return microbatches
+    if schedule == "1F1B":
+        return min(pp - stage, microbatches)
+    from .pipeline import _interleaved, _peak
+
+    return _peak(_interleaved(stage, pp, microbatches, v))
 
 
 def _recomputed(m, checkpointing, **kw) -> int:
@@ -372,7 +475,8 @@ def _check_layout(m, dp, cp, ep, seq_len, checkpointing) -> None:
 
 
 def _activation_terms(m, *, tp, pp, cp, ep, seq_len, micro_batch, checkpointing, sp, precision,
-                      attention, stage, loss_parallel) -> list:
+                      attention, stage, loss_parallel, implementation="eager",
+                      loss="upcast") -> list:
     """``[(what, bytes)]`` one microbatch leaves alive on the stage's device (see the module's
     docstring)."""
     e = ACTIVATION_BYTES[precision]
@@ -386,7 +490,8 @@ def _activation_terms(m, *, tp, pp, cp, ep, seq_len, micro_batch, checkpointing,
         return llama_terms(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, sp=sp, e=e,
                            attention=attention, checkpointing=checkpointing, layers=layers,
                            first=stage == 0, last=stage == pp - 1, ep=ep,
-                           loss_parallel=loss_parallel)
+                           loss_parallel=loss_parallel, implementation=implementation,
+                           loss=loss)
     s, b, h, a, t, k = seq_len // cp, micro_batch, m.hidden, m.heads, tp, m.top_k
     sbh = s * b * h
     unsplit, split = 10 + 3 * (k - 1), 24 + 16 * (k - 1)  # 10 + 24 = the paper's 34

@@ -18,6 +18,7 @@ from .._config import check_int
 from ..calculators._text import CalculatorError, divisors, one_of
 from ..calculators.memory_estimate import CHECKPOINTING
 from ..calculators.models import stage_layers
+from .pipeline import SCHEDULES
 
 __all__ = ["CHECKPOINTING", "PRECISIONS", "Layout", "stage_layers"]
 
@@ -37,7 +38,8 @@ class Layout:
         dp: data-parallel ranks that shard the model (FSDP; or replicate it, ``zero=0``).
         replicate: HSDP: replicas of the dp-sharded model (across nodes); 1 for none.
         tp: tensor-parallel ranks (Megatron's split of every layer, with sequence parallelism).
-        pp: pipeline stages (1F1B, ``microbatches`` per step).
+        pp: pipeline ranks (stages, ``virtual_stages`` each), stepped by PyTorch's ``schedule``
+            with ``microbatches`` per step.
         cp: context-parallel ranks: each holds ``seq_len / cp`` tokens and all-gathers the
             others' keys and values (Llama 3's context parallelism).
         ep: expert-parallel ranks among the dp ranks (a mixture of experts only).
@@ -51,6 +53,10 @@ class Layout:
             each layer's input only).
         micro_batch, seq_len: sequences per microbatch and tokens per sequence.
         microbatches: microbatches per step (pipeline); default ``pp``.
+        schedule: the pipeline schedule, as ``torch.distributed.pipelining`` names it: "1F1B"
+            (default), "GPipe", or "Interleaved1F1B" (with ``virtual_stages`` >= 2).
+        virtual_stages: pipeline stages per pipeline rank (interleaving: rank r holds stages
+            r, r + pp, ...); 1 without.
         accumulate: microbatches whose gradients add up before one optimizer step, without
             pipelining (gradient accumulation); FSDP reduce-scatters once, after the last
             (``set_requires_gradient_sync(False)`` before the others), unless
@@ -79,6 +85,8 @@ class Layout:
     micro_batch: int = 1
     seq_len: int = 8192
     microbatches: int | None = None
+    schedule: str = "1F1B"
+    virtual_stages: int = 1
     accumulate: int = 1
     sync_each_microbatch: bool = False
     precision: str = "bf16-mixed"
@@ -88,7 +96,7 @@ class Layout:
 
     def __post_init__(self):
         for name in ("dp", "replicate", "tp", "pp", "cp", "ep", "micro_batch", "seq_len",
-                     "accumulate"):
+                     "accumulate", "virtual_stages"):
             _positive(getattr(self, name), name)
         if self.accumulate > 1 and self.pp > 1:
             raise CalculatorError(
@@ -112,6 +120,13 @@ class Layout:
             if getattr(self, name) not in options:
                 raise CalculatorError(f"{name} must be one of {one_of(options)}, got "
                                       f"{getattr(self, name)!r}")
+        if self.schedule not in SCHEDULES:
+            raise CalculatorError(f"schedule must be one of {one_of(SCHEDULES)}, got "
+                                  f"{self.schedule!r}")
+        if (self.virtual_stages > 1) != (self.schedule == "Interleaved1F1B"):
+            raise CalculatorError(
+                f"schedule={self.schedule!r} with virtual_stages={self.virtual_stages}: "
+                "Interleaved1F1B runs 2 or more stages per pipeline rank, the others one")
         if self.dp % self.ep:
             raise CalculatorError(f"ep={self.ep} must divide dp={self.dp}: expert parallelism "
                                   f"borrows dp ranks; choose ep in {one_of(divisors(self.dp))}")
@@ -140,6 +155,12 @@ class Layout:
         if self.accumulate > 1:
             sync = "each" if self.sync_each_microbatch else "the last"
             accumulate = f" x {self.accumulate} accumulated (reduced after {sync})"
-        return (f"{self.world_size} ranks: {dims}; {ZERO[self.zero]}; {self.precision}; "
+        pipeline = ""
+        if self.pp > 1:
+            chunks = f", {self.virtual_stages} stages each" if self.virtual_stages > 1 else ""
+            pipeline = (f"; {self.schedule}{chunks}, {self.microbatches or self.pp} "
+                        "microbatches")
+        return (f"{self.world_size} ranks: {dims}{pipeline}; {ZERO[self.zero]}; "
+                f"{self.precision}; "
                 f"{self.checkpointing} checkpointing; micro-batch {self.micro_batch} x "
                 f"{self.seq_len} tokens{accumulate}")

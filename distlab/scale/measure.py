@@ -23,62 +23,110 @@ import torch.nn.functional as F
 
 from .. import _torch, _torch_simulation
 from .instruments import Collectives, LocalFlops
-from .layout import Layout
 from .mesh import coords_of, rank_of
+from .pipeline import PipelineStep
 from .report import RankReport
 
 
 def measure_step(config, layout, stage, names, model) -> RankReport:
-    """Run one step of ``model`` (stage ``stage`` of ``layout``, built by `plan_order`) under
-    fake tensors and read the `RankReport` off it; ``names``: ``{group name: mesh axis}``
-    (`mesh.group_names`)."""
+    """Run one step of ``model`` (pipeline rank ``stage`` of ``layout``, built by `plan_order`;
+    an ``nn.ModuleList`` of its stages when interleaved) under fake tensors and read the
+    `RankReport` off it; ``names``: ``{group name: mesh axis}`` (`mesh.group_names`)."""
     rank, dims = rank_of({"pp": stage}, layout.mesh_shape), layout.mesh_shape
-
+    chunks = list(model) if isinstance(model, torch.nn.ModuleList) else [model]
     b, s = layout.micro_batch, layout.seq_len // layout.cp
-    first, last = stage == 0, stage == layout.pp - 1
     act_dtype = torch.bfloat16 if layout.precision == "bf16-mixed" else torch.float32
     flops, comms = LocalFlops(), Collectives(names)
+    last = stage == layout.pp - 1
     parallel_loss = last and layout.tp > 1 and layout.loss_parallel
     with _torch_simulation.fake_tensors(), _torch_simulation.unseen_shape_propagation():
         model.to_empty(device="cpu")
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         _steady_state(model, optimizer)
-        if first:
-            x = torch.randint(0, config.vocab, (b, s))
-        else:  # the previous stage's output: the residual stream, sharded by sequence with SP
-            rows = s // layout.tp if layout.tp > 1 and layout.sequence_parallel else s
-            x = torch.empty(b, rows, config.hidden, dtype=act_dtype, requires_grad=True)
         tracker = _torch_simulation.rank_peak_tracker()
         tracker.track_external(model, optimizer)
+        first_forward = _FirstForward(tracker, model)
+
+        def loss_fn(out, targets):
+            loss = F.cross_entropy(out.flatten(0, 1).float(), targets.flatten())
+            if layout.pp > 1:  # the schedule keeps the logits too (its output chunks)
+                first_forward.done(chunks[-1])  # the loss's activations count with its forward
+            return loss
+
         # The tracker innermost: it runs a DTensor op itself, and the counters must see the
         # local ops inside it (they pass DTensor ops on and count what DTensor runs).
-        with tracker, flops, comms:
-            for micro in range(layout.accumulate):  # gradient accumulation (data parallel)
-                tracker.reset_mod_stats()  # per-module stats of one forward; the peak stays
-                if layout.accumulate > 1 and layout.zero == 3:
-                    # FSDP2: reduce-scatter only after the last microbatch, unless told to
-                    # after every one (then each microbatch's gradients are sharded at once)
-                    model.set_requires_gradient_sync(
-                        layout.sync_each_microbatch or micro == layout.accumulate - 1)
-                with _loss_parallel(parallel_loss):
-                    out = model(x)
-                    if last:
-                        targets = torch.randint(0, config.vocab, (b * s,))
-                        out = F.cross_entropy(out.flatten(0, 1).float(), targets)
-                    if micro == 0:
-                        activations = _activations(tracker, model)
-                    out.backward(None if last else torch.empty_like(out))
+        with tracker, flops, comms, _loss_parallel(parallel_loss), first_forward.hooks(chunks):
+            if layout.pp > 1:
+                step = PipelineStep(chunks, layout, stage, model.pp_group, config, act_dtype)
+                in_flight, microbatches = step.run(loss_fn), step.microbatches
+            else:
+                _accumulate(model, layout, config, loss_fn, first_forward)
+                in_flight, microbatches = 1, layout.accumulate
             optimizer.step()
         peak = tracker.get_tracker_snapshot("peak")
         numel, p_bytes, g_bytes, opt, steps = _state_bytes(model, optimizer)
-    peak_bytes = _bytes(peak, "Total")
     return RankReport(
         model=config, layout=layout, rank=rank, coords=coords_of(rank, dims), stage=stage,
         layers=model.layer_ids, numel=numel, params=p_bytes, grads=g_bytes, optimizer=opt,
-        optimizer_other=steps, activations=activations, in_flight=_in_flight(layout, stage),
-        peak_one_microbatch=int(peak_bytes), flops=flops.total // layout.accumulate, tokens=b * s,
-        collectives=tuple(comms.calls),
+        optimizer_other=steps, activations=first_forward.total, in_flight=in_flight,
+        peak=_bytes(peak, "Total"), flops=flops.total // microbatches, tokens=b * s,
+        microbatches=microbatches, collectives=tuple(comms.calls),
     )
+
+
+def _accumulate(model, layout, config, loss_fn, first_forward) -> None:
+    """No pipeline: ``layout.accumulate`` microbatches, forward and backward one after another
+    (gradient accumulation), as a training loop runs them."""
+    b, s = layout.micro_batch, layout.seq_len // layout.cp
+    for micro in range(layout.accumulate):
+        if layout.accumulate > 1 and layout.zero == 3:
+            # FSDP2: reduce-scatter only after the last microbatch, unless told to after every
+            # one (then each microbatch's gradients are sharded at once)
+            model.set_requires_gradient_sync(
+                layout.sync_each_microbatch or micro == layout.accumulate - 1)
+        loss = loss_fn(model(torch.randint(0, config.vocab, (b, s))),
+                       torch.randint(0, config.vocab, (b, s)))
+        first_forward.done(model)  # after the loss, the logits freed: what backward keeps
+        loss.backward()
+
+
+class _FirstForward:
+    """The bytes each stage's first forward leaves alive for backward (what autograd saved,
+    selective checkpointing's cache, the stage's output; on the last stage the loss too),
+    added over the rank's stages: one microbatch's activations. MemTracker's activation
+    memory, less the gathered parameters FSDP keeps after forward (it files them as
+    activations, having seen them made during the forward)."""
+
+    def __init__(self, tracker, model):
+        self.tracker, self.model = tracker, model
+        self.before, self.seen, self.total = {}, set(), 0
+
+    def _now(self) -> int:
+        params = {id(_torch.local_tensor(p).untyped_storage()) for p in self.model.parameters()}
+        return _torch_simulation.activation_bytes(self.tracker, leave_out=params)
+
+    def start(self, chunk) -> None:
+        if id(chunk) not in self.seen and id(chunk) not in self.before:
+            self.before[id(chunk)] = self._now()
+
+    def done(self, chunk) -> None:
+        if id(chunk) in self.before and id(chunk) not in self.seen:
+            self.seen.add(id(chunk))
+            self.total += self._now() - self.before[id(chunk)]
+
+    @contextlib.contextmanager
+    def hooks(self, chunks):
+        last = chunks[-1] if chunks[-1].output is not None else None
+        handles = []
+        for chunk in chunks:
+            handles.append(chunk.register_forward_pre_hook(lambda m, args: self.start(m)))
+            if chunk is not last:  # the last stage's forward ends with its loss
+                handles.append(chunk.register_forward_hook(lambda m, args, out: self.done(m)))
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
 
 
 def _state_bytes(model, optimizer) -> tuple[int, int, int, int, int]:
@@ -118,23 +166,7 @@ def _steady_state(model, optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def _activations(tracker, model) -> int:
-    """What the forward left alive for backward (selective checkpointing's cache too; a
-    stage's output, kept for its backward), less the gathered parameters FSDP keeps after
-    forward (a module with ``reshard_after_forward=False``): MemTracker files them as
-    activations, having seen them made during the forward."""
-    params = set()
-    for p in model.parameters():  # FSDP's unsharded parameters are registered now
-        params.add(id(_torch.local_tensor(p).untyped_storage()))
-    return _torch_simulation.activation_bytes(tracker, leave_out=params)
-
-
 def _bytes(snapshot: dict, kind: str) -> int:
     """The bytes of one kind ("ACT", "Total", ...) in a MemTracker snapshot, over devices."""
     return int(sum(v for per_device in snapshot.values() for k, v in per_device.items()
                    if str(k).rsplit(".", 1)[-1] == kind))
-
-
-def _in_flight(layout: Layout, stage: int) -> int:
-    """Microbatches whose activations stage ``stage`` holds at once under 1F1B."""
-    return min(layout.pp - stage, layout.microbatches or layout.pp)

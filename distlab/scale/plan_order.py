@@ -23,11 +23,13 @@ from .plans import (
 
 
 def build_stage(config: Transformer, layout: Layout, stage: int, mesh):
-    """The stage's model, laid out on ``mesh`` (see `plans`): ``(model, layer ids, FSDP's
-    mesh)``."""
-    layers = stage_layers(config.layers, layout.pp)[stage]
+    """Pipeline stage ``stage`` of ``layout.pp x layout.virtual_stages`` (a pipeline rank holds
+    ``virtual_stages`` of them), laid out on ``mesh`` (see `plans`): ``(model, layer ids,
+    FSDP's mesh)``."""
+    total = layout.pp * layout.virtual_stages
+    layers = stage_layers(config.layers, total)[stage]
     with torch.device("meta"):
-        model = Llama(config, layers, first=stage == 0, last=stage == layout.pp - 1,
+        model = Llama(config, layers, first=stage == 0, last=stage == total - 1,
                       attention=layout.attention)
     if layout.ep > 1:
         apply_expert_parallel(model, mesh["ep"])

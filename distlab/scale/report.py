@@ -18,10 +18,12 @@ class RankReport:
     it holds; ``numel`` parameters it holds a shard of; ``params``, ``grads``, ``optimizer``:
     bytes of its local shards after the step (Adam's per-tensor step counters in
     ``optimizer_other``, apart); ``activations``: bytes saved by one microbatch's forward, and
-    ``in_flight`` microbatches held at once; ``peak``: the most bytes alive at once;
+    ``in_flight``: the most microbatches held at once (read off the pipeline schedule's order);
+    ``peak``: the most bytes alive at once over the whole step (every microbatch's forward and
+    backward in the schedule's order, and the optimizer step), as MemTracker saw it;
     ``flops``: forward and backward of one microbatch; ``tokens``: tokens this rank processes
-    per microbatch; ``collectives``: every call of the step (all its accumulated microbatches),
-    in order."""
+    per microbatch; ``microbatches``: how many the step ran; ``collectives``: every call of the
+    step (all its microbatches), in order."""
 
     model: object
     layout: Layout
@@ -36,15 +38,11 @@ class RankReport:
     optimizer_other: int
     activations: int
     in_flight: int
-    peak_one_microbatch: int
+    peak: int
     flops: int
     tokens: int
+    microbatches: int = 1
     collectives: tuple = field(default=(), repr=False)
-
-    @property
-    def peak(self) -> int:
-        """The peak of one microbatch's step plus the activations of the others in flight."""
-        return self.peak_one_microbatch + (self.in_flight - 1) * self.activations
 
     @property
     def states(self) -> int:

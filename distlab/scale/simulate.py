@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import warnings
 
+import torch
+
 from .. import _torch_simulation
 from .._config import check_int
 from ..calculators._text import CalculatorError
@@ -23,6 +25,7 @@ from ..calculators.models import Transformer, get_model
 from . import mesh as meshes
 from .layout import Layout
 from .measure import measure_step
+from .pipeline import chunk_indices
 from .plan_order import build_stage
 from .report import RankReport
 
@@ -33,7 +36,8 @@ __all__ = ["RankReport", "simulate_rank", "simulated"]
 def simulated(model, layout: Layout, stage: int = 0):
     """This process as the first rank of pipeline ``stage`` of ``layout`` (a fake process group
     of the layout's world size), with the stage's model built on the meta device and laid out
-    by PyTorch's parallel code: yields ``(stage_model, mesh)``. Its parameters are DTensors with
+    by PyTorch's parallel code: yields ``(stage_model, mesh)`` (with ``virtual_stages`` > 1, an
+    ``nn.ModuleList`` of the rank's stages). Its parameters are DTensors with
     their real shapes and placements, and no memory (``to_empty`` under a ``FakeTensorMode``
     gives them fake storage). On leaving, the fake process group is destroyed and DTensor's
     caches are emptied (they hold meshes of the fake group, which the next simulation in this
@@ -48,8 +52,15 @@ def simulated(model, layout: Layout, stage: int = 0):
         with _torch_simulation.fake_world(rank, layout.world_size), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # FSDP's and DTensor's notes about fake/meta tensors
             mesh = meshes.build(layout)
-            stage_model, layers, dp_mesh = build_stage(config, layout, stage, mesh)
+            chunks, layers = [], ()
+            for index in chunk_indices(layout, stage):
+                chunk, chunk_layers, dp_mesh = build_stage(config, layout, index, mesh)
+                chunks.append(chunk)
+                layers += chunk_layers
+            # one stage: its model; interleaved: the rank's stages, in order
+            stage_model = chunks[0] if len(chunks) == 1 else torch.nn.ModuleList(chunks)
             stage_model.layer_ids, stage_model.dp_mesh = layers, dp_mesh
+            stage_model.pp_group = mesh["pp"].get_group() if layout.pp > 1 else None
             yield stage_model, mesh
     finally:
         _torch_simulation.forget_dtensor_caches()
@@ -58,7 +69,8 @@ def simulated(model, layout: Layout, stage: int = 0):
 def simulate_rank(model, layout: Layout, stage: int = 0) -> RankReport:
     """Lay ``model`` out with ``layout`` and run one step as the first rank of pipeline ``stage``
     (all other coordinates 0), under fake tensors, in this process (which must not be running a
-    process group of its own).
+    process group of its own). With pipelining, the step is PyTorch's schedule
+    (``layout.schedule``) running every microbatch (see `pipeline`).
 
     Args:
         model: a preset's name ("Llama-3 405B") or a `calculators.Transformer`.
@@ -87,6 +99,9 @@ def _check(config, layout: Layout, stage: int) -> None:
     check_int(stage, "stage", low=0, high=layout.pp - 1, error=CalculatorError,
               message=f"stage must be 0 to {layout.pp - 1} (pp={layout.pp}), got {stage!r}")
     config.check_tp(layout.tp)
+    if config.layers < layout.pp * layout.virtual_stages:
+        raise CalculatorError(f"{config.name} has {config.layers} layers: too few for "
+                              f"pp={layout.pp} x virtual_stages={layout.virtual_stages} stages")
     if config.vocab % layout.tp:
         raise CalculatorError(f"tp={layout.tp} does not divide the vocabulary of {config.name} "
                               f"({config.vocab})")

@@ -1,0 +1,133 @@
+"""The memory calculator against torchtitan's measured H100 runs (bench/memory_vs_torchtitan.py),
+and the terms a real run holds that the calculator must count: each test here is the one that
+fails when its term is dropped or swapped."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from distlab.calculators import CalculatorError, memory_per_device
+
+_spec = importlib.util.spec_from_file_location(
+    "memory_vs_torchtitan", Path(__file__).parent.parent / "bench" / "memory_vs_torchtitan.py")
+bench = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = bench  # dataclasses look their module up
+_spec.loader.exec_module(bench)
+
+GIB = 2**30
+FSDP2_405B = dict(dp=8, tp=8, pp=8, zero=3, precision="bf16-fsdp2", seq_len=8192,
+                  micro_batch=4, microbatches=8, checkpointing="full")
+
+
+def test_the_table_holds_every_row_of_torchtitans_tables_1_to_6():
+    assert [r.table for r in bench.ROWS].count("2") == 4
+    assert {r.table for r in bench.ROWS} == {"1", "2", "3", "4", "5", "6"}
+    assert len(bench.ROWS) == 18
+    measured = {r.label: r.measured_gib for r in bench.ROWS}
+    assert measured["8B FSDP 8"] == 82.4 and measured["405B 3D, 1F1B"] == 82.5
+    assert [r.label for r in bench.ROWS if r.modelled] == ["8B FSDP 8", "8B FSDP 128"]
+
+
+def test_every_modelled_row_is_between_85_and_100_percent_of_measured():
+    for row, _, gib, ratio in bench.table():
+        if row.modelled:
+            assert 0.85 <= ratio <= 1.0, (row.label, gib, row.measured_gib)
+
+
+def test_the_405b_rows_are_below_measured_and_within_their_stated_bounds():
+    """The 405B rows ran with torch.compile, Float8 and async TP: predicted as bf16 eager.
+    Allocated never exceeds reserved; the 1F1B row's best honest bound is 0.75 (the report
+    names what is missing); it was 0.35 before the unsharded fp32 gradients, the loss's
+    transients and torchtitan's microbatch size were counted."""
+    ratios = {row.label: ratio for row, _, _, ratio in bench.table()}
+    assert 0.75 <= ratios["405B 3D, 1F1B"] < 0.80
+    assert 0.90 <= ratios["405B 3D, Interleaved1F1B (v=2)"] <= 1.0
+    assert all(r <= 1.0 for r in ratios.values()), ratios
+
+
+def test_reshard_after_forward_false_keeps_every_unit_gathered():
+    kept = memory_per_device("Llama-3 8B", dp=8, zero=3, seq_len=4096,
+                             reshard_after_forward=False)
+    freed = kept.with_(reshard_after_forward=True)
+    dense, _ = kept.model.layer_parameters(1)
+    # every block's bf16 copy and the embedding, against two blocks and the output layer
+    more = (30 * dense + 128256 * 4096) * 2
+    assert kept.gathered - freed.gathered == more
+    assert kept.peak - freed.peak == more
+    assert (round(kept.peak / 1e9, 1), round(freed.peak / 1e9, 1)) == (60.6, 46.5)
+
+
+def test_pipelining_with_fsdp2_accumulates_the_stages_gradients_unsharded_in_fp32():
+    est = memory_per_device("Llama-3 405B", stage=0, **FSDP2_405B)
+    assert est.grad_sync == "last microbatch"
+    assert est.numel == 6_240_043_008
+    assert est.unsharded_grads == 6_240_043_008 * 4  # 23.2 GiB, not divided by dp
+    assert round(est.unsharded_grads / GIB, 1) == 23.2
+    synced = est.with_(grad_sync="each microbatch")
+    assert synced.unsharded_grads == 0
+    assert est.peak - synced.peak == est.unsharded_grads - est.grads
+    one = est.with_(microbatches=1, pp=8)  # one microbatch: nothing to accumulate
+    assert one.unsharded_grads == 0
+
+
+def test_plain_gradient_accumulation_without_sync_is_counted_too():
+    est = memory_per_device("Llama-3 8B", dp=8, zero=3, precision="bf16-fsdp2",
+                            seq_len=4096, microbatches=4, grad_sync="last microbatch")
+    assert est.unsharded_grads == est.numel * 4
+    assert memory_per_device("Llama-3 8B", dp=8, zero=3, seq_len=4096).unsharded_grads == 0
+
+
+def test_the_upcast_loss_holds_two_more_fp32_copies_of_the_logits_in_backward():
+    est = memory_per_device("Llama-3 8B", dp=8, zero=3, precision="bf16-fsdp2", seq_len=8192,
+                            micro_batch=2, checkpointing="op-selective-alternate")
+    n = 4 * 8192 * 2 * 128256  # one fp32 copy of the logits: 8.4 GB
+    assert dict(est.terms)["log-softmax (fp32)"] == n
+    assert est.loss_transient == 2 * n
+    assert est.peak == (est.total + est.gathered + max(est.recomputed, 2 * n))
+    fused = est.with_(loss="fused")
+    assert fused.loss_transient == 0 and "log-softmax (fp32)" not in dict(fused.terms)
+    assert est.peak - fused.peak == 3 * n - fused.recomputed  # the recomputed layer is next
+    # a pipeline's last stage also keeps its bf16 logits until the backward
+    last = memory_per_device("Llama-3 405B", stage=7, **FSDP2_405B)
+    n = 4 * 8192 * 4 * 16032
+    assert last.loss_transient == 2 * n + n // 2
+    assert memory_per_device("Llama-3 405B", stage=0, **FSDP2_405B).loss_transient == 0
+
+
+def test_the_interleaved_schedule_holds_torchs_warmup_forwards():
+    one = memory_per_device("Llama-3 405B", stage=7, **FSDP2_405B)
+    two = one.with_(schedule="Interleaved1F1B", virtual_stages=2)
+    # torch's ScheduleInterleaved1F1B: rank 7 of 8 warms up (v - 1) x 8 = 8 forwards, then
+    # one more before its first backward: 9 stage-microbatches of half the rank's layers
+    assert (one.in_flight, two.in_flight) == (1, 9)
+    assert two.activations == 9 * two.per_microbatch // 2
+    first = two.with_(stage=0)
+    assert first.in_flight == 16  # capped at all 8 x 2
+    with pytest.raises(CalculatorError, match="virtual_stages=2"):
+        one.with_(schedule="Interleaved1F1B")
+
+
+def test_eager_and_megatron_differ_where_their_code_does():
+    eager = memory_per_device("Llama-3 70B", dp=8, tp=8, zero=1, seq_len=8192)
+    mega = eager.with_(implementation="megatron")
+    e, m = dict(eager.terms), dict(mega.terms)
+    s, h, i, layers = 8192, 8192, 28672, 80
+    assert e["SwiGLU"] == layers * 4 * 2 * s * i // 8  # four tensors
+    assert m["SwiGLU"] == layers * 3 * 2 * s * i // 8  # fc1's (2i wide) and fc2's input
+    assert e["attention and MLP inputs"] == layers * 2 * 2 * s * h  # gathered, kept whole
+    assert m["attention and MLP inputs (sharded; re-gathered in backward)"] == (
+        layers * 2 * 2 * s * h // 8)
+    assert "PyTorch eager" in eager.text() and "Megatron-style" in mega.text()
+    assert eager.implementation == "eager"  # the default, named
+
+
+def test_precision_names_say_whose_bytes_they_are():
+    zero = memory_per_device(1_000_000, dp=1, precision="bf16-zero-paper")
+    assert (zero.params, zero.grads, zero.optimizer) == (2_000_000, 2_000_000, 12_000_000)
+    assert zero.total == memory_per_device(1_000_000, precision="bf16-mixed").total
+    fsdp2 = memory_per_device(1_000_000, precision="bf16-fsdp2")
+    assert (fsdp2.params, fsdp2.grads, fsdp2.optimizer) == (4_000_000, 4_000_000, 8_000_000)
