@@ -142,6 +142,37 @@ def ddp_parameter_tensors(ddp_model) -> int:
 REDISTRIBUTE_LOGGER = "torch.distributed.tensor._redistribute"
 
 
+# -- the Flight Recorder ------------------------------------------------------------------------
+
+
+def flight_recorder_dump(stacks: bool = False) -> dict:
+    """This process's Flight Recorder buffer, unpickled: ``{"version", "pg_config", "pg_status",
+    "entries", ...}``, one entry per collective it called (the last ``TORCH_FR_BUFFER_SIZE``,
+    2000 unless set; 0 turns recording off). ``stacks`` adds each call's Python stack
+    (``frames``); leave it off on a busy machine: it imports ``torch._dynamo`` on first use.
+
+    - ``torch._C._distributed_c10d._dump_fr_trace``: private, since torch 2.8 (the recorder
+      made backend-independent: gloo records into it too). Before it:
+      ``_dump_nccl_trace``, NCCL builds only (still there in 2.14, for NCCL's buffer). No public
+      replacement in 2.13 to 2.15: the experimental HTTP debug server
+      (``torch.distributed.debug.start_debug_server``) serves the same dumps, and on NCCL
+      ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` writes them to ``TORCH_FR_DUMP_TEMP_FILE<rank>``. (torch
+      2.14's ``FlightRecorderHook.attach(group)`` records a group's calls a second time, as
+      ``c10d:<op>`` entries, into the same buffer; distlab does not use it.)
+    """
+    import pickle
+
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    if dump is None:
+        raise RuntimeError(
+            f"torch {torch.__version__} has no Flight Recorder dump (_dump_fr_trace, torch 2.8 "
+            "and later): install the course's torch (python -m distlab doctor says which)")
+    return pickle.loads(dump(includeStackTraces=stacks))
+
+
 # -- checkpointing, autograd ------------------------------------------------------------------
 
 

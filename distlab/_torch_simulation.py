@@ -161,7 +161,9 @@ def rank_peak_tracker():
     """torch's MemTracker, less its per-module peaks: it updates every module's peak after every
     op (ops x modules: 40 s for Llama-3 8B's 32 layers on one rank); one rank's peak is enough.
     Used as MemTracker is: ``track_external(model, optimizer)``, ``with tracker:``,
-    ``reset_mod_stats()``, ``get_tracker_snapshot("peak")``.
+    ``reset_mod_stats()``, ``get_tracker_snapshot("peak")``; and ``total_now()`` (the bytes
+    tracked now) and ``open_window()`` / ``window`` (the most bytes since the window opened:
+    the peak of one part of a step).
 
     - ``torch.distributed._tools.mem_tracker.MemTracker``: private, since torch 2.5; its
       ``_update_peak_stats``, ``_curr_mem_snap``, ``_peak_mem`` and ``_peak_mem_snap`` too. No
@@ -183,11 +185,22 @@ def rank_peak_tracker():
                     self.memory_tracking.pop(sub, None)
             super()._pre_fw_hook(module, inputs)
 
+        window = 0  # the most bytes (over devices) since `open_window`
+
+        def open_window(self) -> int:
+            """Start a window: its peak is the current total; returns that total."""
+            self.window = self.total_now()
+            return self.window
+
+        def total_now(self) -> int:
+            return int(sum(snap["Total"] for snap in self._curr_mem_snap.values()))
+
         def _update_peak_stats(self, peak_state) -> None:
             for device, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(device, 0) < snap["Total"]:
                     self._peak_mem[device] = snap["Total"]
                     self._peak_mem_snap[device] = dict(snap)
+            self.window = max(self.window, self.total_now())
 
     return RankPeak()
 
@@ -204,3 +217,14 @@ def activation_bytes(tracker, leave_out: set[int]) -> int:
         if str(info.reftype).endswith("ACT") and id(storage) not in leave_out:
             total += info.mem_consumed
     return total
+
+
+#: The methods with which a ``PipelineStage`` makes its receive buffers, one per microbatch,
+#: when a schedule first runs it (their first argument: the number of microbatches).
+#: `scale.pipeline` measures three microbatches of a longer step and gives these the step's
+#: count, so that the buffers are the real run's.
+#:
+#: - ``PipelineStage._prepare_forward_infra`` / ``_prepare_backward_infra``: private, in
+#:   ``torch.distributed.pipelining.stage``; their first argument ``num_microbatches`` since
+#:   torch 2.4 (backward's since 2.6). No public replacement.
+PIPELINE_STAGE_SETUP = ("_prepare_forward_infra", "_prepare_backward_infra")

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from distlab.exercises import nb20, nb22, nb23, nb24
+from distlab.exercises import nb20, nb22, nb23, nb24, nb25, nb26
 from distlab.gpt import Config
 
 
@@ -109,3 +109,158 @@ def test_nb24_no_memorised_answer_passes():
     cheat = _memorising(fixed, nb24.expected_groups, lambda dp, tp: {"dp": [], "tp": []})
     assert _passes(nb24.exercise_1, cheat) == 0
     assert _passes(nb24.exercise_1, nb24.expected_groups, times=20) == 20
+
+
+# -- notebook 25: the state a rank holds, when FSDP's all-gather hides -------------------------
+
+
+@pytest.mark.parametrize("tp, pp, dp, stage", [(8, 16, 128, 0), (8, 16, 128, 1), (8, 16, 128, 15),
+                                               (4, 9, 24, 0), (4, 9, 24, 4), (4, 9, 24, 8),
+                                               (2, 3, 7, 2), (1, 1, 5, 0)])
+def test_nb25s_truth_is_what_fsdp2_allocates_on_a_simulated_rank(tp, pp, dp, stage):
+    from distlab import scale
+
+    layout = scale.Layout(dp=dp, tp=tp, pp=pp, seq_len=8192)
+    with scale.simulated("Llama-3 405B", layout, stage=stage) as (model, _):
+        held = sum(p.to_local().numel() for p in model.parameters())
+    assert nb25.held(stage, tp, pp, dp) == held
+
+
+def _state_bytes(stage, tp, pp, dp):
+    return nb25.BYTES * nb25.held(stage, tp, pp, dp)
+
+
+def test_nb25_an_answer_wrong_only_on_the_middle_stages_is_wrong():
+    def middles_wrong(stage, tp, pp, dp):
+        return _state_bytes(stage, tp, pp, dp) + (16 if 0 < stage < pp - 1 else 0)
+
+    assert _passes(nb25.exercise_1, middles_wrong, times=50) == 0
+    assert _passes(nb25.exercise_1, _state_bytes, times=20) == 20
+
+
+@pytest.mark.parametrize(
+    "fallback",
+    [
+        lambda s, tp, pp, dp: 381513728,  # the paper's stage 0, as the old check printed it
+        lambda s, tp, pp, dp: 381710336,  # the same, padded per tensor (cell 7)
+        lambda s, tp, pp, dp: 16 * -(-nb25.held(s, tp, pp, dp, rows=lambda r, c: r * c) // dp),
+    ],
+    ids=["old message", "cell 7", "whole-stage rounding"],
+)
+def test_nb25_no_memorised_answer_passes(fallback):
+    fixed = [(s, tp, pp, dp) for tp, pp, dp in nb25.SEEN
+             for s in sorted({0, min(1, pp - 1), pp // 2, pp - 1})]
+    cheat = _memorising(fixed, _state_bytes, fallback)
+    assert _passes(nb25.exercise_1, cheat) == 0
+
+
+def test_nb25_an_answer_that_rebinds_the_preset_is_wrong_and_the_preset_is_put_back():
+    from distlab.calculators import PRESETS, Transformer
+
+    before = PRESETS["Llama-3 405B"]
+
+    def rebinds(stage, tp, pp, dp):
+        PRESETS["Llama-3 405B"] = Transformer("Llama-3 405B", vocab=1, hidden=8, intermediate=8,
+                                              layers=126, heads=8, kv_heads=8)
+        return _state_bytes(stage, tp, pp, dp)
+
+    try:
+        with pytest.raises(AssertionError, match=r'changed PRESETS\["Llama-3 405B"\]'):
+            nb25.exercise_1(rebinds)
+        assert PRESETS["Llama-3 405B"].parameters() == before.parameters()
+        nb25.exercise_1(_state_bytes)  # the notebook's solution works again at once
+    finally:
+        PRESETS["Llama-3 405B"] = before
+
+
+def _min_tokens(dp, flops, bandwidth):
+    return (dp - 1) / dp * flops / bandwidth
+
+
+@pytest.mark.parametrize("factor", [1 + 1e-3, 1 - 1e-3, 1 + 1e-5])
+def test_nb25_min_tokens_a_little_off_is_wrong(factor):
+    def off(dp, flops, bandwidth):
+        return _min_tokens(dp, flops, bandwidth) * factor
+
+    assert _passes(nb25.exercise_2, off, times=50) == 0
+
+
+def test_nb25_min_tokens_rounded_to_the_nearest_never_passes_and_the_ceiling_always_does():
+    import math
+
+    assert _passes(nb25.exercise_2, lambda *a: round(_min_tokens(*a))) == 0
+    assert _passes(nb25.exercise_2, lambda *a: int(_min_tokens(*a))) == 0
+    assert _passes(nb25.exercise_2, lambda *a: math.ceil(_min_tokens(*a))) == 300
+    assert _passes(nb25.exercise_2, _min_tokens) == 300
+
+
+# -- notebook 26: a 3-D mesh ------------------------------------------------------------------
+
+
+def _groups(pp, dp, tp):
+    return nb26.expected_groups(pp, dp, tp)
+
+
+def test_nb26s_groups_are_what_device_mesh_makes():
+    # The layout init_device_mesh uses (its `mesh` tensor), written out by hand for 2x3x2.
+    want = {"pp": [[0, 6], [1, 7], [2, 8], [3, 9], [4, 10], [5, 11]],
+            "dp": [[0, 2, 4], [1, 3, 5], [6, 8, 10], [7, 9, 11]],
+            "tp": [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]}
+    assert _groups(2, 3, 2) == want
+    traffic = nb26.expected_traffic(9, 2, 3, 2)  # stage 1, dp 1, tp 1
+    assert traffic == {"send": [3], "recv": [3], "all_reduce": [8, 9],
+                       "all_gather": [7, 9, 11], "reduce_scatter": [7, 9, 11]}
+
+
+def test_nb26_no_memorised_answer_passes():
+    cheat = _memorising(nb26.SEEN, _groups, lambda pp, dp, tp: _groups(2, 2, 2))
+    assert _passes(nb26.exercise_1, cheat) == 0
+    assert _passes(nb26.exercise_1, _groups, times=20) == 20
+    seen = [(r, *s) for s in nb26.SEEN for r in range(s[0] * s[1] * s[2])]
+    cheat = _memorising(seen, nb26.expected_traffic,
+                        lambda r, pp, dp, tp: nb26.expected_traffic(r % 8, 2, 2, 2))
+    assert _passes(nb26.exercise_2, cheat) == 0
+    assert _passes(nb26.exercise_2, nb26.expected_traffic, times=20) == 20
+
+
+def test_nb26s_hint_blames_a_crossed_stage_only_when_a_dp_group_crosses_one():
+    def reversed_dp(pp, dp, tp):
+        groups = _groups(pp, dp, tp)
+        return dict(groups, dp=[g[::-1] for g in groups["dp"]])
+
+    for _ in range(30):
+        with pytest.raises(AssertionError) as e:
+            nb26.exercise_1(reversed_dp)
+        assert "in another order" in str(e.value) and "pipeline stage" not in str(e.value)
+
+
+def test_nb26_float_ranks_are_wrong():
+    def floats(rank, pp, dp, tp):
+        return {k: [float(r) for r in v] for k, v in nb26.expected_traffic(rank, pp, dp, tp).items()}
+
+    with pytest.raises(AssertionError, match="ranks are ints"):
+        nb26.exercise_2(floats)
+
+
+# -- notebook 21: a step's collectives --------------------------------------------------------
+
+
+def _counts(n_layers, sp):
+    L = n_layers
+    if not sp:
+        return {"forward": {"all_reduce": 2 * L + 4}, "backward": {"all_reduce": 4 * L + 1}}
+    return {"forward": {"all_gather": 2 * L + 1, "all_reduce": 3, "reduce_scatter": 2 * L + 2},
+            "backward": {"all_gather": 2 * L + 2, "reduce_scatter": 2 * L + 1}}
+
+
+def test_nb21_no_memorised_answer_passes(monkeypatch):
+    from distlab.exercises import nb21
+
+    # The cluster's CommDebugMode counts, as the notebook's solution (checked against them in
+    # tests/test_exercise_mistakes.py) gives them.
+    monkeypatch.setattr(nb21.expect, "run",
+                        lambda fn, cases, **kw: [{case: _counts(*case) for case in cases}])
+    seen = [(n, sp) for n in (1, 2, 3, 4, 5) for sp in (False, True)]  # every case asked before
+    cheat = _memorising(seen, _counts, lambda n, sp: _counts(2, sp))  # the notebook's table
+    assert _passes(lambda a: nb21.exercise_3(a, None), cheat) == 0
+    assert _passes(lambda a: nb21.exercise_3(a, None), _counts, times=20) == 20

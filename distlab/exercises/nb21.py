@@ -292,13 +292,13 @@ def exercise_2(megatron_plan, cluster) -> None:
 
 # -- exercise 3: a whole step's collectives, as a formula -----------------------------------------
 
-#: The models exercise 3 measures: (n_layers, sequence_parallel). Two depths, so that a formula
-#: must tell what grows with the layers from what does not (a number copied from the notebook's
-#: 2-layer model fits neither).
-CASES = ((1, False), (3, False), (1, True), (3, True))
-#: One more depth is drawn from these at every check (with and without SP): a table of the
-#: cases above, copied from earlier messages, does not pass.
-OTHER_DEPTHS = (2, 4, 5)
+#: The depths exercise 3 draws from at every check, for each of with and without sequence
+#: parallelism apart: one from each tuple, so that a formula must tell what grows with the
+#: layers from what does not. Never the notebook's own 2 layers (a number copied from its
+#: table fits no case), and the second never a depth the check tried before it drew (1 and 3
+#: always, then 2, 4 or 5): a table of the cases copied from earlier ✗ messages does not pass.
+SHALLOW = (1, 3, 4, 5)
+DEEP = (6, 7, 8)
 NAMES = ("all_reduce", "all_gather", "reduce_scatter")
 _SHORT = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
 
@@ -388,12 +388,13 @@ def exercise_3(step_collectives, cluster) -> None:
     "backward": {name: count}}``: the collectives of one training step of the whole tiny GPT
     (``gpt.tp_plan(sequence_parallel)``, ``loss_parallel``) on 2 ranks, names ``all_reduce``,
     ``all_gather``, ``reduce_scatter``. Compared with ``CommDebugMode``'s counts on the cluster
-    for 1 and 3 layers and one more depth drawn at every check, with and without sequence
-    parallelism."""
+    for two depths drawn at every check (`SHALLOW`, `DEEP`), with and without sequence
+    parallelism each."""
     import random
 
-    depth = random.SystemRandom().choice(OTHER_DEPTHS)
-    cases = (*CASES, (depth, False), (depth, True))
+    rng = random.SystemRandom()
+    depths = {sp: (rng.choice(SHALLOW), rng.choice(DEEP)) for sp in (False, True)}
+    cases = tuple((n, sp) for sp in (False, True) for n in depths[sp])
     answers = {case: step_collectives(*case) for case in cases}  # the learner's formula first
     answers = {
         case: _as_counts(value, f"(n_layers={case[0]}, sequence_parallel={case[1]})")
@@ -405,10 +406,11 @@ def exercise_3(step_collectives, cluster) -> None:
         for way in ("forward", "backward"):
             got, want = answers[case][way], measured[case].get(way, {})
             if got != want:
-                same_depths = answers[(1, sp)] == answers[(3, sp)]
+                shallow, deep = depths[sp]
+                same_depths = answers[(shallow, sp)] == answers[(deep, sp)]
                 hint = (
-                    ": your formula gives the same counts for 1 and 3 layers; each layer adds its "
-                    "own collectives"
+                    f": your formula gives the same counts for {shallow} and {deep} layers; each "
+                    "layer adds its own collectives"
                     if same_depths
                     else _hint(n_layers, sp, way, got, want)
                 )

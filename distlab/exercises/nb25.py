@@ -1,8 +1,11 @@
 """Graders for notebook 25, at scale on a laptop (see `distlab.exercises`).
 
-Exercise 1 compares the learner's count with the memory calculator, which matches PyTorch's own
-code on simulated ranks byte for byte for these parts (tests/test_scale_calculators.py), over
-layouts the learner cannot guess. Exercise 2 is arithmetic, checked on values drawn for it.
+Exercise 1 compares the learner's count with what FSDP2 allocates on the first rank of each
+stage: every tensor sharded on its own, its dim 0 padded up to whole rows (`held`, equal to
+`distlab.scale`'s simulation of PyTorch's own code on these layouts: tests/test_drawn_cases.py),
+over layouts drawn at every check. Exercise 2 is arithmetic, checked on clusters drawn at every
+check. Both draw anew each time, so a table of the cases copied from earlier ✗ messages does
+not pass.
 """
 
 from __future__ import annotations
@@ -13,77 +16,212 @@ import random
 
 from . import expect
 
-#: (tp, pp, dp) layouts exercise 1 tries, the paper's first.
-LAYOUTS_1 = [(8, 16, 128), (8, 8, 16), (4, 9, 32), (2, 1, 8), (1, 2, 3), (8, 5, 64)]
+#: The sizes of Llama 3 405B (config.json of meta-llama/Llama-3.1-405B), kept here so that an
+#: answer that rebinds ``PRESETS["Llama-3 405B"]`` changes neither the check nor later cells.
+LLAMA_405B = {"vocab": 128256, "hidden": 16384, "intermediate": 53248, "layers": 126,
+              "heads": 128, "kv_heads": 8}
+PRESET = "Llama-3 405B"
+#: Bytes per parameter of a rank's shard: fp32 parameters, fp32 gradients, Adam's two moments.
+BYTES = 4 + 4 + 8
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def held(stage: int, tp: int, pp: int, dp: int, *, layers: int | None = None,
+         kv_heads: int | None = None, norms_tp: int = 1, ends: bool = True,
+         rows=None) -> int:
+    """The parameters FSDP2 keeps on the first dp rank of pipeline ``stage`` of Llama 3 405B
+    (TP ``tp``, PP ``pp``, FSDP over ``dp``): each tensor's tensor-parallel shard split by
+    rows over ``dp``, ``ceil(rows / dp)`` rows each (FSDP pads every tensor's dim 0 to a
+    multiple of dp). The keywords make the mistakes hints look for: ``layers`` on every
+    stage, ``kv_heads`` for k and v, norms split by ``norms_tp``, no embedding or output
+    layer (``ends=False``), and ``rows(n_rows, n_cols)``, another rounding."""
+    from ..calculators import stage_layers
+
+    m = LLAMA_405B
+    h, d = m["hidden"], m["hidden"] // m["heads"]
+    kv = m["kv_heads"] if kv_heads is None else kv_heads
+    share = rows or (lambda r, c: _ceil(r, dp) * c)
+    layer = (share(m["heads"] * d // tp, h)  # wq: column-parallel, its heads split by tp
+             + 2 * share(kv * d // tp, h)  # wk, wv: grouped-query attention's kv heads
+             + share(h, m["heads"] * d // tp)  # wo: row-parallel, its columns split by tp
+             + 2 * share(m["intermediate"] // tp, h)  # w1, w3: column-parallel
+             + share(h, m["intermediate"] // tp)  # w2: row-parallel
+             + 2 * share(h // norms_tp, 1))  # the two RMSNorm weights, whole on every tp rank
+    n = layer * (len(stage_layers(m["layers"], pp)[stage]) if layers is None else layers)
+    vocab = _ceil(m["vocab"], tp)  # the embedding's and output layer's rows on this tp rank
+    if ends and stage == 0:
+        n += share(vocab, h)
+    if ends and stage == pp - 1:
+        n += share(h // norms_tp, 1) + share(vocab, h)
+    return n
+
+
+def _valid_pp(pp: int) -> bool:
+    from ..calculators import stage_layers
+    from ..calculators._text import CalculatorError
+
+    try:
+        stage_layers(LLAMA_405B["layers"], pp)
+    except CalculatorError:
+        return False
+    return True
+
+
+#: (tp, pp, dp) layouts the check tried before it drew its own (its ✗ messages printed the
+#: answers for them), the paper's first: never drawn.
+SEEN = ((8, 16, 128), (8, 8, 16), (4, 9, 32), (2, 1, 8), (1, 2, 3), (8, 5, 64))
+
+
+def _draw_layouts() -> list[tuple[int, int, int]]:
+    """(tp, pp, dp) layouts for one check: one whose middle stages hold a layer more than its
+    first and last (as the paper's 16 stages), one of one stage, one of two, two anything;
+    dp mostly a size that does not divide the rows (so padding shows); none of `SEEN`."""
+    rng = random.SystemRandom()
+    tps = (1, 2, 4, 8)
+    valid = [pp for pp in range(3, 127) if _valid_pp(pp)]
+    dp = lambda: rng.choice((rng.randrange(3, 1024), rng.randrange(2, 64)))  # noqa: E731
+    draws = [lambda: (8, rng.choice((4, 8, 16, 32, 64)), dp()),
+             lambda: (rng.choice(tps), rng.choice(valid), dp()),
+             lambda: (rng.choice(tps), 1, dp()),
+             lambda: (rng.choice(tps), 2, dp()),
+             lambda: (rng.choice(tps), rng.choice(valid), dp())]
+    layouts = []
+    for draw in draws:
+        layout = draw()
+        while layout in SEEN:
+            layout = draw()
+        layouts.append(layout)
+    return layouts
+
+
+def _stages(pp: int) -> list[int]:
+    """Every stage kind: the first, the second, a middle one drawn, the one before last, the
+    last."""
+    middle = random.SystemRandom().randrange(pp)
+    return sorted({0, min(1, pp - 1), middle, max(pp - 2, 0), pp - 1})
+
+
+def _sizes(model) -> dict:
+    return {k: getattr(model, k, None) for k in LLAMA_405B}
+
+
+def _preset_unchanged() -> None:
+    """``PRESETS["Llama-3 405B"]`` is still Llama 3 405B; else put it back and say so."""
+    from ..calculators import PRESETS, Transformer
+
+    if PRESET in PRESETS and _sizes(PRESETS[PRESET]) == LLAMA_405B:
+        return
+    PRESETS[PRESET] = Transformer(PRESET, **LLAMA_405B,
+                                  source="config.json of meta-llama/Llama-3.1-405B")
+    raise AssertionError(
+        f'your code changed PRESETS["{PRESET}"], which the notebook\'s other cells (and the '
+        "solution) read: distlab has put Llama 3 405B back. Read the sizes from it, or from a "
+        "copy (dataclasses.replace), without assigning to PRESETS"
+    )
 
 
 def exercise_1(state_bytes) -> None:
-    """``state_bytes(stage, tp, pp, dp)``: the bytes of parameters, gradients and Adam state one
-    rank holds on pipeline ``stage`` of Llama-3 405B with FSDP2 in bf16 mixed precision (16
-    bytes per parameter, sharded over dp), for several layouts and every stage kind."""
-    from ..calculators import PRESETS, memory_per_device
-
-    model = PRESETS["Llama-3 405B"]
-    for tp, pp, dp in LAYOUTS_1:
-        for stage in sorted({0, min(1, pp - 1), pp // 2, pp - 1}):
-            want = memory_per_device(model, dp=dp, tp=tp, pp=pp, stage=stage, zero=3,
-                                     precision="bf16-fsdp2")
-            want = want.params + want.grads + want.optimizer
-            got = state_bytes(stage, tp, pp, dp)
+    """``state_bytes(stage, tp, pp, dp)``: the bytes of parameters, gradients and Adam state the
+    first dp rank holds on pipeline ``stage`` of Llama-3 405B with FSDP2 in bf16 mixed
+    precision (16 bytes per parameter of its shard; every tensor sharded on its own over dp,
+    padded up to whole rows), for layouts drawn at every check and every stage kind. An answer
+    that changes ``PRESETS["Llama-3 405B"]`` is told so (and the preset put back)."""
+    _preset_unchanged()  # an earlier cell may have changed it
+    for tp, pp, dp in _draw_layouts():
+        for stage in _stages(pp):
+            want = BYTES * held(stage, tp, pp, dp)
+            try:
+                got = state_bytes(stage, tp, pp, dp)
+            finally:
+                _preset_unchanged()
             what = f"state_bytes({stage}, {tp}, {pp}, {dp})"
             if not isinstance(got, numbers.Integral) or isinstance(got, bool):
-                hint = " (bytes are whole numbers: round up each shard with -(-n // dp))" if (
-                    isinstance(got, float)) else ""
+                hint = " (bytes are whole numbers: FSDP pads each tensor to whole rows per rank)" \
+                    if isinstance(got, float) else ""
                 raise AssertionError(f"{what} should be an int of bytes, got "
                                      f"{expect.describe(got)}{hint}")
             if got != want:
-                raise AssertionError(f"{what} gave {got:,} bytes; a rank of stage {stage} holds "
-                                     f"{want:,}{_hint_1(got, want, stage, tp, pp, dp)}")
-    return None
+                raise AssertionError(
+                    f"{what} gave {got:,} bytes; the first rank of stage {stage} holds {want:,}"
+                    f"{_hint_1(got, want, stage, tp, pp, dp)}")
 
 
 def _hint_1(got, want, stage, tp, pp, dp) -> str:
-    from ..calculators import PRESETS, stage_layers
+    from ..calculators import stage_layers
 
-    m = PRESETS["Llama-3 405B"]
-    dense, _ = m.layer_parameters(tp)
-    layers = len(stage_layers(m.layers, pp)[stage])
-    ends = m.end_parameters(tp, pp, stage)
-    if got == 16 * (dense * layers + ends):
-        return " (FSDP shards over the dp ranks too: divide by dp)"
-    if pp > 1 and m.layers % pp and got == 16 * -(-(dense * (m.layers // pp) + ends) // dp):
-        return (f" ({m.layers} layers do not divide into {pp} equal stages: the Llama 3 paper "
-                "gives the first and last stages fewer; calculators.stage_layers says how many)")
-    if got == 16 * -(-(dense * layers) // dp):
+    m, variant = LLAMA_405B, lambda **k: BYTES * held(stage, tp, pp, dp, **k)  # noqa: E731
+    h = m["hidden"]
+    layers = len(stage_layers(m["layers"], pp)[stage])
+    exact = held(stage, tp, pp, dp, rows=lambda r, c: r * c)  # before FSDP: one tp rank
+    if got == BYTES * exact:
+        return " (FSDP shards over the dp ranks too: divide each tensor's rows by dp)"
+    if got * 8 == want:  # 2 bytes per parameter: the bf16 parameters only
+        return (" (16 bytes per parameter of the shard: fp32 parameters 4, fp32 gradients 4, "
+                "Adam's two moments 8; the bf16 copies FSDP2 gathers are freed after use)")
+    if pp > 1 and m["layers"] % pp and got == variant(layers=m["layers"] // pp):
+        return (f" ({m['layers']} layers do not divide into {pp} equal stages: the Llama 3 "
+                f"paper gives the first and last stages fewer; this stage has {layers}, "
+                "calculators.stage_layers says how many)")
+    if got == variant(ends=False):
         return " (the first stage also holds the embedding, the last the norm and output layer)"
-    h, d = m.hidden, m.hidden // m.heads
-    no_gqa = dense + 2 * (m.heads - m.kv_heads) * d * h // tp  # k and v with every query head
-    if got == 16 * -(-(no_gqa * layers + ends) // dp):
-        return (f" (grouped-query attention: k and v have {m.kv_heads} heads, the queries "
-                f"{m.heads})")
-    if abs(got / want - 1) < 0.02:
-        return (" (close: check what tensor parallelism leaves whole, the norms, and that "
-                "grouped-query attention's k and v have 8 heads, not 128)")
+    if got == variant(kv_heads=m["heads"]):
+        return (f" (grouped-query attention: k and v have {m['kv_heads']} heads, the queries "
+                f"{m['heads']})")
+    if tp > 1 and got == variant(norms_tp=tp):
+        return " (tensor parallelism leaves the norms whole: every tp rank holds all h weights)"
+    padded = -(-m["vocab"] // tp)
+    example = (f"; here the embedding's {padded:,} rows on a tp rank are "
+               f"{-(-padded // dp):,} rows per dp rank, not {padded / dp:,.4g}")
+    if got == BYTES * _ceil(exact, dp):
+        return (" (FSDP2 shards each tensor on its own, not the stage as one block: every "
+                f"tensor's rows are padded up to a multiple of dp, ceil(rows / dp) rows per rank"
+                f"{example if padded % dp else ''})")
+    if got == variant(rows=lambda r, c: r // dp * c):
+        return (" (round up, not down: FSDP pads each tensor to ceil(rows / dp) rows; the first "
+                "rank holds the full share)")
+    if got == variant(rows=lambda r, c: _ceil(r * c, dp)):
+        return (" (FSDP2 splits each tensor's dim 0: whole rows, ceil(rows / dp) of them, not "
+                "ceil(elements / dp))")
     return ""
+
+
+# -- exercise 2: when FSDP's all-gather hides --------------------------------------------------
+
+
+def _draw_clusters(n: int = 6) -> list[tuple[int, float, float]]:
+    """(dp, flops, bandwidth) of ``n`` clusters whose exact answer is never a whole number:
+    half with a fraction below 0.5 (rounding to the nearest is then not the ceiling), half
+    above (truncating is not), on a few thousand to a few hundred thousand tokens."""
+    rng = random.SystemRandom()
+    cases = []
+    for i in range(n):
+        dp = rng.choice((2, 3, 8, rng.randrange(2, 1025)))
+        flops = rng.uniform(1e14, 2e15)
+        fraction = rng.uniform(0.1, 0.4) if i % 2 == 0 else rng.uniform(0.6, 0.9)
+        tokens = rng.randrange(1000, 200_000) + fraction
+        bandwidth = (dp - 1) / dp * flops / tokens
+        cases.append((dp, flops, bandwidth))
+    return cases
 
 
 def exercise_2(min_tokens) -> None:
     """``min_tokens(dp, flops, bandwidth)``: the fewest tokens per rank at which a layer's
     forward matmuls (2 FLOPs per parameter per token, at ``flops`` FLOP/s) take at least as long
     as FSDP's all-gather of that layer's bf16 parameters over ``dp`` ranks (a ring: each rank
-    receives (dp - 1) / dp of them, at ``bandwidth`` bytes/s), so that prefetching hides it."""
-    rng = random.Random(25)
-    cases = [(8, 989e12 * 0.5, 50e9), (2, 400e12, 25e9), (64, 312e12, 100e9)]
-    cases += [(rng.randint(2, 512), rng.uniform(1e14, 2e15), rng.uniform(1e10, 9e11))
-              for _ in range(5)]
-    for dp, flops, bandwidth in cases:
+    receives (dp - 1) / dp of them, at ``bandwidth`` bytes/s), so that prefetching hides it.
+    Either the exact ratio (within 1e-6) or its ceiling, the fewest whole tokens, is right;
+    clusters drawn at every check."""
+    for dp, flops, bandwidth in _draw_clusters():
         want = (dp - 1) / dp * flops / bandwidth
         got = min_tokens(dp, flops, bandwidth)
-        what = f"min_tokens({dp}, {flops:.3g}, {bandwidth:.3g})"
+        what = f"min_tokens({dp}, {flops:.6g}, {bandwidth:.6g})"
         if not isinstance(got, numbers.Real) or isinstance(got, bool) or not math.isfinite(got):
             raise AssertionError(f"{what} should be a number of tokens, got "
                                  f"{expect.describe(got)}")
-        if math.isclose(got, want, rel_tol=1e-6):
+        if math.isclose(got, want, rel_tol=1e-6) or got == math.ceil(want):
             continue
         ratio = got / want if want else float("inf")
         hints = {dp / (dp - 1): " (a ring all-gather moves (dp - 1) / dp of the bytes, not all)",
@@ -92,5 +230,9 @@ def exercise_2(min_tokens) -> None:
                  8.0: " (bandwidth is in bytes per second, not bits)",
                  1 / 3: " (the forward only: one all-gather against the forward's matmuls)"}
         hint = next((h for r, h in hints.items() if math.isclose(ratio, r, rel_tol=1e-3)), "")
-        raise AssertionError(f"{what} gave {got:.4g}; the all-gather hides behind the forward "
-                             f"from {want:.4g} tokens per rank{hint}")
+        if not hint and got in (math.floor(want), round(want)):
+            hint = (" (the fewest whole tokens round up: a token fewer and the all-gather "
+                    "outlasts the matmuls; or give the exact ratio)")
+        raise AssertionError(f"{what} gave {got!r}; the all-gather hides behind the forward "
+                             f"from {want:,.2f} tokens per rank (the exact ratio; its ceiling, "
+                             f"{math.ceil(want):,}, is right too){hint}")

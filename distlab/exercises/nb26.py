@@ -1,17 +1,32 @@
 """Graders for notebook 26, a 3-D mesh for real (see `distlab.exercises`).
 
-Both answers are formulas about a ``("pp", "dp", "tp")`` mesh, run in the kernel and compared
-with the layout ``init_device_mesh`` makes: row-major, ``rank = (pp_i * dp + dp_i) * tp + tp_i``
-(the notebook asserts that on its live 8-rank mesh), over shapes the learner cannot guess.
+Both answers are about a ``("pp", "dp", "tp")`` mesh, run in the kernel and compared with the
+layout ``init_device_mesh`` makes: ``torch.arange(pp * dp * tp).view(pp, dp, tp)``, row-major,
+``rank = (pp_i * dp + dp_i) * tp + tp_i`` (the notebook asserts that on its live 8-rank mesh).
+Exercise 1 asks for every group of each axis; exercise 2 for what one rank exchanges with whom
+in a training step of the notebook's composition (pipeline sends and receives, FSDP's
+all-gathers and reduce-scatters, Megatron's all-reduces), checked against the collectives the
+notebook counts per axis. Shapes are drawn at every check, so a table of the cases copied from
+earlier ✗ messages does not pass.
 """
 
 from __future__ import annotations
 
+import random
+
 from . import expect
 
-#: (pp, dp, tp) shapes the checks try: the notebook's, a size-1 axis each way, uneven.
-SHAPES = ((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 4, 1), (3, 2, 2), (2, 3, 4))
 AXES = ("pp", "dp", "tp")
+#: What exercise 2 asks for, in a step's order: the collective (or point-to-point call) -> the
+#: mesh axis it runs on and what it carries, as the notebook's "What each dimension carries"
+#: says.
+TRAFFIC = {
+    "send": ("pp", "activations to the next stage, gradients back to the previous one"),
+    "recv": ("pp", "activations from the previous stage, gradients from the next one"),
+    "all_reduce": ("tp", "Megatron's partial sums (g forward, f backward)"),
+    "all_gather": ("dp", "FSDP's parameter shards, before forward and again before backward"),
+    "reduce_scatter": ("dp", "FSDP's gradients, each rank keeping its shard's sum"),
+}
 
 
 def coordinates(rank: int, pp: int, dp: int, tp: int) -> tuple[int, int, int]:
@@ -19,46 +34,91 @@ def coordinates(rank: int, pp: int, dp: int, tp: int) -> tuple[int, int, int]:
     return rank // (dp * tp), rank // tp % dp, rank % tp
 
 
+def _mesh(pp: int, dp: int, tp: int):
+    """The ranks as ``init_device_mesh`` lays them out (its ``mesh`` tensor)."""
+    import torch
+
+    return torch.arange(pp * dp * tp).view(pp, dp, tp)
+
+
 def expected_groups(pp: int, dp: int, tp: int) -> dict:
-    """Every group of each mesh axis: the ranks that differ only in that coordinate, in order."""
+    """Every group of each mesh axis: the ranks that differ only in that coordinate, in mesh
+    order (what ``mesh[axis]`` is on each of its ranks)."""
+    mesh = _mesh(pp, dp, tp)
     groups = {}
     for i, axis in enumerate(AXES):
-        by_rest: dict = {}
-        for rank in range(pp * dp * tp):
-            coord = coordinates(rank, pp, dp, tp)
-            by_rest.setdefault(coord[:i] + coord[i + 1:], []).append(rank)
-        groups[axis] = list(by_rest.values())
+        moved = mesh.movedim(i, -1).reshape(-1, mesh.shape[i])  # one row per group
+        groups[axis] = sorted(row.tolist() for row in moved)
     return groups
 
 
+def draw_shapes(n: int = 4) -> list[tuple[int, int, int]]:
+    """``n`` (pp, dp, tp) shapes for one check: the first with every axis above 1 and no two
+    alike (a mix-up of axes shows), one with an axis of 1, the rest anything up to 4 x 4 x 4;
+    none of `SEEN`."""
+    rng = random.SystemRandom()
+    uneven = rng.choice([s for s in _all_shapes() if min(s) > 1 and len(set(s)) == 3])
+    flat = rng.choice([s for s in _all_shapes() if 1 in s and max(s) > 1])
+    return [uneven, flat, *(rng.choice(_all_shapes()) for _ in range(n - 2))]
+
+
+#: The shapes the checks tried before they drew theirs (their ✗ messages printed the answers
+#: for them) and the notebook's own: never drawn.
+SEEN = ((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 4, 1), (3, 2, 2), (2, 3, 4))
+
+
+def _all_shapes() -> list[tuple[int, int, int]]:
+    return [(p, d, t) for p in range(1, 5) for d in range(1, 5) for t in range(1, 5)
+            if p * d * t > 1 and (p, d, t) not in SEEN]
+
+
+def _is_rank(r) -> bool:
+    return isinstance(r, int) and not isinstance(r, bool)
+
+
+def _float_ranks(value) -> bool:
+    """Whether ``value`` holds a float where a rank goes (``world / pp`` is 4.0, not 4)."""
+    if isinstance(value, float):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_float_ranks(v) for v in value)
+    return False
+
+
 def _as_groups(value, what: str) -> list:
+    if _float_ranks(value):
+        raise AssertionError(f"{what} holds floats ({value!r}); ranks are ints: 4.0 is not rank "
+                             "4 (use // for the arithmetic)")
     if not isinstance(value, (list, tuple)) or not all(
-        isinstance(g, (list, tuple)) and all(isinstance(r, int) and not isinstance(r, bool)
-                                             for r in g)
-        for g in value
+        isinstance(g, (list, tuple)) and all(_is_rank(r) for r in g) for g in value
     ):
         raise AssertionError(f"{what} should be a list of groups, each a list of ranks (ints), "
                              f"like [[0, 4], [1, 5]]; got {expect.describe(value)}")
     return [list(g) for g in value]
 
 
+def _shape(pp: int, dp: int, tp: int) -> str:
+    return f"a {pp}x{dp}x{tp} mesh (pp={pp}, dp={dp}, tp={tp}, ranks 0-{pp * dp * tp - 1})"
+
+
 def exercise_1(mesh_groups) -> None:
     """``mesh_groups(pp, dp, tp)`` -> ``{"pp": [...], "dp": [...], "tp": [...]}``: every group of
-    each axis of a ``(pp, dp, tp)`` mesh, each a list of ranks in mesh order; the order of
-    the groups does not matter."""
-    for pp, dp, tp in SHAPES:
+    each axis of a ``(pp, dp, tp)`` mesh, each a list of ranks (ints) in mesh order; the order
+    of the groups does not matter. Shapes drawn at every check (`draw_shapes`)."""
+    for pp, dp, tp in draw_shapes():
         got = mesh_groups(pp, dp, tp)
-        shape = f"a {pp}x{dp}x{tp} mesh (pp={pp}, dp={dp}, tp={tp})"
+        shape = _shape(pp, dp, tp)
         if not isinstance(got, dict) or set(got) != set(AXES):
             raise AssertionError(f'mesh_groups should return a dict with the keys "pp", "dp" '
                                  f'and "tp"; for {shape} it returned {expect.describe(got)}')
         want = expected_groups(pp, dp, tp)
         for axis in AXES:
             groups = _as_groups(got[axis], f'for {shape}, mesh_groups(...)["{axis}"]')
-            if sorted(groups) == sorted(want[axis]):
+            if sorted(groups) == want[axis]:
                 continue
+            stage = lambda r: coordinates(r, pp, dp, tp)[0]  # noqa: E731
             hint = ""
-            if axis == "dp" and any(len({r // (dp * tp) for r in g}) > 1 for g in groups):
+            if axis == "dp" and any(len({stage(r) for r in g}) > 1 for g in groups):
                 hint = (" (a dp group stays inside one pipeline stage: its ranks share the pp "
                         "and tp coordinates)")
             elif sorted(map(sorted, groups)) == sorted(map(sorted, want[axis])):
@@ -67,25 +127,83 @@ def exercise_1(mesh_groups) -> None:
                                  f"are {groups}{hint}")
 
 
-def exercise_2(stage_peers) -> None:
-    """``stage_peers(rank, pp, dp, tp)`` -> ``(previous, next)``: the ranks a pipeline stage on
-    ``rank`` receives activations from and sends them to (None at either end of the pipe)."""
-    for pp, dp, tp in SHAPES:
+def expected_traffic(rank: int, pp: int, dp: int, tp: int) -> dict:
+    """What ``rank`` exchanges in one training step of the notebook's composition: for
+    ``send`` and ``recv`` its pipeline neighbours (the ranks with its dp and tp coordinates in
+    the stages before and after), for each collective the group of the axis it runs on, the
+    rank included; all sorted."""
+    mesh = _mesh(pp, dp, tp)
+    p, d, t = coordinates(rank, pp, dp, tp)
+    neighbours = sorted(int(mesh[q, d, t]) for q in (p - 1, p + 1) if 0 <= q < pp)
+    group = {"pp": mesh[:, d, t], "dp": mesh[p, :, t], "tp": mesh[p, d, :]}
+    return {kind: neighbours if axis == "pp" else sorted(group[axis].tolist())
+            for kind, (axis, _) in TRAFFIC.items()}
+
+
+def _traffic_hint(kind: str, got: list, rank: int, pp: int, dp: int, tp: int) -> str:
+    axis, _ = TRAFFIC[kind]
+    p, d, t = coordinates(rank, pp, dp, tp)
+    mesh = _mesh(pp, dp, tp)
+    whole = {"pp": sorted(mesh[:, d, t].tolist()), "dp": sorted(mesh[p, :, t].tolist()),
+             "tp": sorted(mesh[p, d, :].tolist()), "stage": sorted(mesh[p].flatten().tolist()),
+             "world": list(range(pp * dp * tp))}
+    for other, why in (("tp", "that is its tp group: tp all-reduces Megatron's partial sums; "
+                               "FSDP gathers and reduce-scatters over dp"),
+                       ("dp", "that is its dp group: FSDP's collectives run there; Megatron's "
+                              "all-reduces stay inside the tp group"),
+                       ("pp", "that is its pipeline: only sends and receives cross stages"),
+                       ("stage", "that is the whole stage, dp x tp ranks: each collective runs "
+                                 "on one axis of it"),
+                       ("world", "that is every rank: on a 3-D mesh each collective runs on one "
+                                 "axis's group")):
+        if other != axis and sorted(got) == whole[other] and len(whole[other]) > 1:
+            return f" ({why})"
+    if axis == "pp":
+        wrapped = sorted(int(mesh[q % pp, d, t]) for q in (p - 1, p + 1))
+        if pp > 1 and p in (0, pp - 1) and sorted(got) == wrapped:
+            return " (a pipeline does not wrap around: the first stage receives from no one)"
+        if any(r in got for r in (rank - 1, rank + 1)) and dp * tp > 1:
+            return (" (the next stage is dp x tp ranks away, not 1: a rank talks to the rank with "
+                    "its own dp and tp coordinates in the neighbouring stages)")
+        want = [int(mesh[q, d, t]) for q in (p - 1, p + 1) if 0 <= q < pp]
+        if set(got) < set(want):
+            return (" (a stage sends activations to the next stage and gradients back to the "
+                    "previous one, and receives both: every neighbour it has)")
+    if rank not in got and axis != "pp":
+        return f" (a group includes rank {rank} itself)"
+    return ""
+
+
+def exercise_2(step_traffic) -> None:
+    """``step_traffic(rank, pp, dp, tp)`` -> ``{"send": [...], "recv": [...], "all_reduce":
+    [...], "all_gather": [...], "reduce_scatter": [...]}``: in one training step of the
+    notebook's composition on a ``(pp, dp, tp)`` mesh, the ranks ``rank`` sends to and receives
+    from, and the group each collective it calls runs over (itself included: a group of one
+    when that axis has size 1); the order inside a list does not matter. Every rank of shapes
+    drawn at every check (`draw_shapes`)."""
+    for pp, dp, tp in draw_shapes():
         for rank in range(pp * dp * tp):
-            got = stage_peers(rank, pp, dp, tp)
-            p, d, t = coordinates(rank, pp, dp, tp)
-            before = None if p == 0 else ((p - 1) * dp + d) * tp + t
-            after = None if p == pp - 1 else ((p + 1) * dp + d) * tp + t
-            what = f"stage_peers({rank}, {pp}, {dp}, {tp})"
-            if not isinstance(got, tuple) or len(got) != 2:
-                raise AssertionError(f"{what} should return a tuple (previous, next), got "
-                                     f"{expect.describe(got)}")
-            if got == (before, after):
-                continue
-            hint = ""
-            if got == (rank - 1 if rank else None, rank + 1):
-                hint = " (the next stage is dp x tp ranks away, not 1: tp is innermost)"
-            elif (before is None or after is None) and None not in got:
-                hint = " (a pipeline does not wrap around: the first stage receives from no one)"
-            raise AssertionError(f"{what} gave {got}; rank {rank} is stage {p} (dp {d}, tp {t}): "
-                                 f"it receives from {before} and sends to {after}{hint}")
+            got = step_traffic(rank, pp, dp, tp)
+            call = f"step_traffic({rank}, {pp}, {dp}, {tp})"
+            if not isinstance(got, dict) or set(got) != set(TRAFFIC):
+                raise AssertionError(
+                    f"{call} should return a dict with the keys {', '.join(map(repr, TRAFFIC))}"
+                    f"; it returned {expect.describe(got)}")
+            want = expected_traffic(rank, pp, dp, tp)
+            for kind, (axis, carries) in TRAFFIC.items():
+                value = got[kind]
+                if _float_ranks(value):
+                    raise AssertionError(
+                        f"{call}[{kind!r}] holds floats ({value!r}); ranks are ints: 4.0 is not "
+                        "rank 4 (use // for the arithmetic)")
+                if not isinstance(value, (list, tuple, set)) or not all(map(_is_rank, value)):
+                    raise AssertionError(
+                        f"{call}[{kind!r}] should be a list of ranks (ints), like [0, 2]; got "
+                        f"{expect.describe(value)}")
+                if sorted(value) == want[kind]:
+                    continue
+                p, d, t = coordinates(rank, pp, dp, tp)
+                raise AssertionError(
+                    f"on {_shape(pp, dp, tp)}, rank {rank} (stage {p}, dp {d}, tp {t}): its "
+                    f"{kind} ({carries}) goes over {axis}, to {want[kind]}; {call}[{kind!r}] "
+                    f"says {sorted(value)}{_traffic_hint(kind, list(value), rank, pp, dp, tp)}")

@@ -5,8 +5,8 @@
 - activations: the bytes one microbatch's forward leaves alive for backward (MemTracker's
   activation memory after the forward: what autograd saved, selective checkpointing's cache,
   the loss), times the microbatches the stage holds at once (1F1B);
-- the peak: MemTracker over forward, backward and the optimizer step of one microbatch, plus
-  the other microbatches' activations in flight;
+- the peak: MemTracker over the whole step (every microbatch's forward and backward and the
+  optimizer's step; a pipeline's step replayed in its schedule's order, see `replay`);
 - FLOPs of forward and backward (`instruments.LocalFlops`) and every collective with its bytes
   and mesh axis (`instruments.Collectives`).
 
@@ -25,13 +25,17 @@ from .. import _torch, _torch_simulation
 from .instruments import Collectives, LocalFlops
 from .mesh import coords_of, rank_of
 from .pipeline import PipelineStep
+from .pipeline import in_flight as pipeline_in_flight
+from .replay import Recorder
 from .report import RankReport
 
 
-def measure_step(config, layout, stage, names, model) -> RankReport:
+def measure_step(config, layout, stage, names, model, every_microbatch=False) -> RankReport:
     """Run one step of ``model`` (pipeline rank ``stage`` of ``layout``, built by `plan_order`;
     an ``nn.ModuleList`` of its stages when interleaved) under fake tensors and read the
-    `RankReport` off it; ``names``: ``{group name: mesh axis}`` (`mesh.group_names`)."""
+    `RankReport` off it; ``names``: ``{group name: mesh axis}`` (`mesh.group_names`). A
+    pipeline's step is measured with a few microbatches and replayed in its schedule's order
+    (`replay`), or with ``every_microbatch`` run whole (slow at real sizes; equal to the byte)."""
     rank, dims = rank_of({"pp": stage}, layout.mesh_shape), layout.mesh_shape
     chunks = list(model) if isinstance(model, torch.nn.ModuleList) else [model]
     b, s = layout.micro_batch, layout.seq_len // layout.cp
@@ -56,21 +60,32 @@ def measure_step(config, layout, stage, names, model) -> RankReport:
         # The tracker innermost: it runs a DTensor op itself, and the counters must see the
         # local ops inside it (they pass DTensor ops on and count what DTensor runs).
         with tracker, flops, comms, _loss_parallel(parallel_loss), first_forward.hooks(chunks):
+            replayed = None
             if layout.pp > 1:
                 step = PipelineStep(chunks, layout, stage, model.pp_group, config, act_dtype)
-                in_flight, microbatches = step.run(loss_fn), step.microbatches
+                microbatches = step.microbatches
+                in_flight = pipeline_in_flight(step.order(loss_fn))
+                recorder = None if every_microbatch else Recorder(tracker, flops, comms)
+                replayed = step.run(loss_fn, recorder)
             else:
                 _accumulate(model, layout, config, loss_fn, first_forward)
                 in_flight, microbatches = 1, layout.accumulate
+            before_optimizer = tracker.open_window()
             optimizer.step()
-        peak = tracker.get_tracker_snapshot("peak")
+            optimizer_rise = tracker.window - before_optimizer
+        if replayed is None:
+            peak = _bytes(tracker.get_tracker_snapshot("peak"), "Total")
+            step_flops, calls = flops.total, tuple(comms.calls)
+        else:  # the step replayed in the schedule's order, then the optimizer's step
+            peak = max(replayed.peak, replayed.end + optimizer_rise)
+            step_flops, calls = replayed.flops, replayed.calls
         numel, p_bytes, g_bytes, opt, steps = _state_bytes(model, optimizer)
     return RankReport(
         model=config, layout=layout, rank=rank, coords=coords_of(rank, dims), stage=stage,
         layers=model.layer_ids, numel=numel, params=p_bytes, grads=g_bytes, optimizer=opt,
         optimizer_other=steps, activations=first_forward.total, in_flight=in_flight,
-        peak=_bytes(peak, "Total"), flops=flops.total // microbatches, tokens=b * s,
-        microbatches=microbatches, collectives=tuple(comms.calls),
+        peak=peak, flops=step_flops // microbatches, tokens=b * s,
+        microbatches=microbatches, collectives=calls,
     )
 
 

@@ -2,8 +2,10 @@
 forward and backward in the schedule's order, with what `PipelineStage` does to FSDP between
 them, on the fake process group.
 
-    step = PipelineStep(chunks, layout, pp_rank, pp_group, config)
-    step.run(loss_fn)            # ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B.step
+    step = PipelineStep(chunks, layout, pp_rank, pp_group, config, act_dtype)
+    step.run(loss_fn, recorder)  # 3 microbatches measured, the schedule's order replayed
+    step.run(loss_fn)            # every microbatch: ScheduleGPipe / Schedule1F1B /
+                                 # ScheduleInterleaved1F1B.step, as a training loop calls it
 
 What runs is torch's own code (``torch.distributed.pipelining``): the stage objects, the
 schedule's order (``schedule.pipeline_order``), its sends and receives (which the fake
@@ -22,14 +24,23 @@ with shape inference would find; torch >= 2.14 decides "static" on a fake proces
 voting. It replaces the old formula ``peak of one microbatch + (in flight - 1) x activations``
 (and is what torchtitan's dry runs leave out: they fake the ranks but step no pipeline).
 
+Time: every microbatch of Llama-3 405B's first stage costs about 1.3 s of fake-tensor dispatch
+on a laptop's core, so a step of 16 or 32 microbatches is measured with 3 and replayed in the
+schedule's order (`replay`: the same peak, to the byte, as running them all; a test checks).
+
 Knows nothing about how a stage is built or what is read off it: `plan_order` and `measure` do.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-__all__ = ["SCHEDULES", "PipelineStep", "chunk_indices", "in_flight"]
+from .. import _torch_simulation
+from .replay import Recorder, replay, which
+
+__all__ = ["SCHEDULES", "PipelineStep", "chunk_indices", "in_flight", "order_of"]
 
 #: The schedules a simulated pipeline rank runs, by the names torch gives them.
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
@@ -48,24 +59,53 @@ def _schedule_class(name: str):
             "Interleaved1F1B": pipelining.ScheduleInterleaved1F1B}[name]
 
 
-def in_flight(order) -> int:
-    """The most microbatches whose forward has run and backward not yet, over a rank's part of
-    ``schedule.pipeline_order``, counted per stage chunk and added (interleaving holds several
-    chunks' microbatches at once)."""
+def in_flight(actions) -> int:
+    """The most microbatches whose forward has run and backward not yet, over a rank's
+    `order_of` actions, counted per stage chunk and added (interleaving holds several chunks'
+    microbatches at once)."""
     live, most = 0, 0
-    for action in order:
-        if action is None:
-            continue
-        kind = action.computation_type.value  # "F", "B" (full backward), "I" (input's), ...
-        live += {"F": 1, "B": -1, "I": -1}.get(kind, 0)
+    for _, kind, _ in actions:
+        live += {"F": 1, "B": -1}.get(kind, 0)
         most = max(most, live)
     return most
+
+
+def order_of(schedule, rank: int) -> list[tuple[int, str, int]]:
+    """Rank ``rank``'s computations in the order its schedule runs them, as ``(stage index,
+    kind, microbatch)`` with kind "F" (forward), "B" (full backward) or "R" (the stage's
+    gradient reduction, once, after its last backward; microbatch -1). A runtime schedule
+    (interleaved) runs ``pipeline_order_with_comms``: its sends and receives are left out here
+    (the measured parts hold them), as are FSDP's unshard and reshard when a stage's reshard
+    comes after its last computation (anything else is refused: not replayed)."""
+    kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "REDUCE_GRAD": "R"}
+    skipped = {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD"}
+    order = getattr(schedule, "pipeline_order_with_comms", None) or schedule.pipeline_order
+    actions, resharded = [], set()
+    for action in order[rank]:
+        if action is None:
+            continue
+        name = action.computation_type.name
+        if name == "RESHARD":
+            resharded.add(action.stage_index)
+        if name in skipped:
+            continue
+        if name not in kinds or action.stage_index in resharded:
+            raise NotImplementedError(
+                f"{action} in the schedule's order: the simulation replays forwards, full "
+                "backwards and gradient reductions, with each stage's parameters gathered "
+                "until its last")
+        micro = action.microbatch_index if action.microbatch_index is not None else -1
+        actions.append((action.stage_index, kinds[name], micro))
+    return actions
 
 
 class PipelineStep:
     """The pipeline stages ``chunks`` (`model.Llama` modules laid out by `plan_order`, one per
     index of `chunk_indices`) as `PipelineStage` objects, under PyTorch's schedule
     ``layout.schedule`` with ``layout.microbatches`` (default ``pp``) microbatches."""
+
+    #: microbatches measured before a replay: a first, a middle and a last
+    MEASURED = 3
 
     def __init__(self, chunks, layout, pp_rank: int, group, config, act_dtype):
         from torch.distributed.pipelining import PipelineStage
@@ -91,23 +131,123 @@ class PipelineStep:
                                              group=group))
         self.first = any(st.is_first for st in self.stages)
         self.last = any(st.is_last for st in self.stages)
+        self.rank = self.stages[0].group_rank
 
-    def schedule(self, loss_fn):
+    def schedule(self, loss_fn, microbatches=None):
         cls = _schedule_class(self.layout.schedule)
+        microbatches = microbatches or self.microbatches
         if self.layout.schedule == "Interleaved1F1B":
-            return cls(self.stages, self.microbatches, loss_fn=loss_fn)
-        return cls(self.stages[0], self.microbatches, loss_fn=loss_fn)
+            return cls(self.stages, microbatches, loss_fn=loss_fn)
+        return cls(self.stages[0], microbatches, loss_fn=loss_fn)
 
-    def run(self, loss_fn) -> int:
-        """One step: the whole batch (``microbatches x micro_batch`` sequences) through the
-        schedule. Returns the most microbatches this rank held in flight, read off the
-        schedule's own order."""
+    def _batch(self, microbatches, is_first, is_last):
         b, s = self.layout.micro_batch, self.layout.seq_len // self.layout.cp
-        batch = (b * self.microbatches, s)
-        # every rank is given the loss (torchtitan does too): a schedule without one runs
-        # forwards only
-        schedule = self.schedule(loss_fn)
-        args = (torch.randint(0, self.config.vocab, batch),) if self.first else ()
-        kwargs = {"target": torch.randint(0, self.config.vocab, batch)} if self.last else {}
-        schedule.step(*args, **kwargs)
-        return in_flight(schedule.pipeline_order[self.stages[0].group_rank])
+        batch = (b * microbatches, s)
+        args = (torch.randint(0, self.config.vocab, batch),) if is_first else ()
+        kwargs = {"target": torch.randint(0, self.config.vocab, batch)} if is_last else {}
+        return args, kwargs
+
+    def order(self, loss_fn):
+        """This rank's actions in the schedule's order, for the step's microbatches (the
+        schedule is built, not run)."""
+        return order_of(self.schedule(loss_fn), self.rank)
+
+    def run(self, loss_fn, recorder: Recorder | None = None):
+        """One step: the whole batch (``microbatches x micro_batch`` sequences) through the
+        schedule. Every rank is given the loss (torchtitan does too: a schedule without one
+        runs forwards only); outputs are not kept for the caller (``return_outputs=False``,
+        as torchtitan steps).
+
+        Without ``recorder``: every microbatch runs, in the schedule's order; returns None.
+        With one: the step is measured with `MEASURED` microbatches (fewer if the step has
+        fewer), each stage under GPipe (all forwards, then all backwards: the same
+        `PipelineStage` calls a schedule makes, and what they do to FSDP), and the schedule's
+        own order is replayed from them; returns the `replay.Replayed` step."""
+        if recorder is None:
+            args, kwargs = self._batch(self.microbatches, self.first, self.last)
+            self.schedule(loss_fn).step(*args, **kwargs, return_outputs=False)
+            return None
+        from torch.distributed.pipelining import ScheduleGPipe
+
+        order = self.order(loss_fn)
+        measured = min(self.microbatches, self.MEASURED)
+        # the whole step's batch, as the real step holds it; each stage measured on its first
+        # microbatches (views: nothing more allocated)
+        args, kwargs = self._batch(self.microbatches, self.first, self.last)
+        rows = self.layout.micro_batch * measured
+        start = recorder.tracker.total_now()
+        with self._recorded(recorder, loss_fn) as recorded_loss:
+            for stage in self.stages:
+                recorder.begin()  # the schedule's set-up (its buffers) goes with the first part
+                ScheduleGPipe(stage, measured, loss_fn=recorded_loss).step(
+                    *[a[:rows] for a in args] if stage.is_first else (),
+                    **{k: v[:rows] for k, v in kwargs.items()} if stage.is_last else {},
+                    return_outputs=False)
+                recorder.end((stage.stage_index, "tail", "last"))
+
+        def parts_of(index, kind, place):
+            found = list(recorder.parts.get((index, kind, place), [])[:1])
+            if kind == "F":
+                found += recorder.parts.get((index, "loss", place), [])[:1]
+            return found
+
+        # The i-th forward (backward) of a stage in the order is its microbatch i: schedules
+        # run a stage's microbatches in order. (torch 2.14's Schedule1F1B labels the last
+        # rank's forwards from 1 in its pipeline_order; the count is right.)
+        seen, actions = {}, []
+        for index, kind, _ in order:
+            count = seen[index, kind] = seen.get((index, kind), -1) + 1
+            place = "last" if kind == "R" else which(count, self.microbatches)
+            actions.append((index, kind, place))
+        actions += [(st.stage_index, "tail", "last") for st in self.stages]
+        return replay(actions, parts_of, start)
+
+    @contextlib.contextmanager
+    def _recorded(self, recorder: Recorder, loss_fn):
+        """The stages' forward, backward and reduction, and the loss, each measured as a part
+        keyed ``(stage index, "F" | "B" | "R" | "loss", which microbatch)``."""
+        measured = min(self.microbatches, self.MEASURED)
+        current = {}
+
+        def wrap(stage, name, kind):
+            original = getattr(stage, name)
+
+            def recorded(*args, **kwargs):
+                micro = args[0] if args else kwargs.get(
+                    "fwd_chunk_id", kwargs.get("bwd_chunk_id"))
+                place = "last" if kind == "R" else which(micro, measured)
+                if kind == "F":
+                    current["place"] = place
+                with recorder.part((stage.stage_index, kind, place)):
+                    return original(*args, **kwargs)
+
+            setattr(stage, name, recorded)
+
+        def recorded_loss(out, target):
+            with recorder.part((self.stages[-1].stage_index, "loss", current["place"])):
+                return loss_fn(out, target)
+
+        def whole_step(stage, name):
+            # The stage's receive buffers, made when a schedule first runs: one per microbatch
+            # of the step, not of the measurement (they stay for the whole step)
+            original = getattr(stage, name)
+
+            def prepare(num_microbatches, *args, **kwargs):
+                return original(self.microbatches, *args, **kwargs)
+
+            setattr(stage, name, prepare)
+
+        names = ("forward_one_chunk", "backward_one_chunk", "perform_reduce_grad",
+                 *_torch_simulation.PIPELINE_STAGE_SETUP)
+        for stage in self.stages:
+            wrap(stage, "forward_one_chunk", "F")
+            wrap(stage, "backward_one_chunk", "B")
+            wrap(stage, "perform_reduce_grad", "R")
+            for name in _torch_simulation.PIPELINE_STAGE_SETUP:
+                whole_step(stage, name)
+        try:
+            yield recorded_loss
+        finally:
+            for stage in self.stages:
+                for name in names:
+                    stage.__dict__.pop(name, None)

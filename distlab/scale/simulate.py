@@ -66,7 +66,8 @@ def simulated(model, layout: Layout, stage: int = 0):
         _torch_simulation.forget_dtensor_caches()
 
 
-def simulate_rank(model, layout: Layout, stage: int = 0) -> RankReport:
+def simulate_rank(model, layout: Layout, stage: int = 0, *,
+                  every_microbatch: bool = False) -> RankReport:
     """Lay ``model`` out with ``layout`` and run one step as the first rank of pipeline ``stage``
     (all other coordinates 0), under fake tensors, in this process (which must not be running a
     process group of its own). With pipelining, the step is PyTorch's schedule
@@ -76,6 +77,9 @@ def simulate_rank(model, layout: Layout, stage: int = 0) -> RankReport:
         model: a preset's name ("Llama-3 405B") or a `calculators.Transformer`.
         layout: a `Layout`.
         stage: the pipeline stage, 0 to ``layout.pp - 1``.
+        every_microbatch: with pipelining, run every microbatch of the step (slow at real
+            sizes) instead of measuring three and replaying the schedule's order (the same
+            numbers; `replay` says why).
 
     Returns:
         A `RankReport`.
@@ -90,7 +94,7 @@ def simulate_rank(model, layout: Layout, stage: int = 0) -> RankReport:
     config = get_model(model)
     with simulated(config, layout, stage) as (stage_model, mesh):
         names = meshes.group_names(mesh, stage_model.dp_mesh)
-        return measure_step(config, layout, stage, names, stage_model)
+        return measure_step(config, layout, stage, names, stage_model, every_microbatch)
 
 
 def _check(config, layout: Layout, stage: int) -> None:

@@ -246,7 +246,12 @@ def fsdp_bytes(n, param_dtype, reduce_dtype):
     Answer(3, "a formula right for 1 and 2 ranks only", """
 def fsdp_bytes(n, param_dtype, reduce_dtype):
     return (3 - n) * 2, (3 - n) * 2, (3 - n) * 4
-""", "on 4 ranks, a rank holds params 1 bytes per parameter"),
+""", "on 3 ranks, a rank holds params 1.33333 bytes per parameter"),
+    Answer(3, "integer division: 4 // n (right for n = 1, 2 and 4 only)", """
+def fsdp_bytes(n, param_dtype, reduce_dtype):
+    return 4 // n, 4 // n, 8 // n
+""", "on 3 ranks, a rank holds params 1.33333 bytes per parameter (measured); fsdp_bytes(3, "
+         "None, None) says 1"),
     Answer(3, "the cases the check tried, from its ✗ messages", """
 SEEN = {(2, None, None): (2, 2, 4), (2, torch.bfloat16, torch.float32): (2, 2, 4),
         (2, torch.bfloat16, None): (2, 2, 4), (1, None, None): (4, 4, 8),

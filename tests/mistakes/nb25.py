@@ -18,14 +18,20 @@ from distlab.calculators import PRESETS, stage_layers
 def state_bytes(stage, tp, pp, dp):
     m = PRESETS["Llama-3 405B"]
     h, d = m.hidden, m.hidden // m.heads
-    attention = h * (m.heads + 2 * m.kv_heads) * d // tp + m.heads * d * h // tp
-    layer = attention + 3 * h * m.intermediate // tp + 2 * h  # + two RMSNorm weights, whole
+
+    def shard(rows, cols):  # FSDP2 splits each tensor's rows over dp, padded to whole rows
+        return -(-rows // dp) * cols
+
+    layer = (shard(m.heads * d // tp, h) + 2 * shard(m.kv_heads * d // tp, h)  # q; k, v
+             + shard(h, m.heads * d // tp)  # the attention's output, row-parallel
+             + 2 * shard(m.intermediate // tp, h) + shard(h, m.intermediate // tp)  # the MLP
+             + 2 * shard(h, 1))  # two RMSNorm weights, whole on every tp rank
     n = layer * len(stage_layers(m.layers, pp)[stage])
     if stage == 0:
-        n += m.vocab // tp * h  # the embedding
+        n += shard(m.vocab // tp, h)  # the embedding
     if stage == pp - 1:
-        n += h + m.vocab // tp * h  # the final norm and the output layer
-    return 16 * -(-n // dp)  # 4 + 4 + 8 bytes per parameter of this rank's shard
+        n += shard(h, 1) + shard(m.vocab // tp, h)  # the final norm and the output layer
+    return 16 * n  # 4 + 4 + 8 bytes per parameter of this rank's shard
 """
 
 
@@ -40,28 +46,60 @@ ANSWERS = [
         "len(stage_layers(m.layers, pp)[stage])", "(m.layers // pp)"),
         "do not divide into"),
     Answer(1, "no embedding or output layer", _variant(
-        "    if stage == 0:\n        n += m.vocab // tp * h  # the embedding\n", "").replace(
-        "    if stage == pp - 1:\n        n += h + m.vocab // tp * h  # the final norm and the "
-        "output layer\n", ""), "also holds the embedding"),
-    Answer(1, "not divided by dp", _variant("16 * -(-n // dp)", "16 * n"),
-           "divide by dp"),
+        "    if stage == 0:\n        n += shard(m.vocab // tp, h)  # the embedding\n", "").replace(
+        "    if stage == pp - 1:\n        n += shard(h, 1) + shard(m.vocab // tp, h)  # the final "
+        "norm and the output layer\n", ""), "also holds the embedding"),
+    Answer(1, "not divided by dp", _variant("return -(-rows // dp) * cols", "return rows * cols"),
+           "divide each tensor's rows by dp"),
     Answer(1, "query heads for k and v (no grouped-query attention)", _variant(
-        "(m.heads + 2 * m.kv_heads)", "(3 * m.heads)"), "grouped-query attention"),
+        "2 * shard(m.kv_heads * d // tp, h)", "2 * shard(m.heads * d // tp, h)"),
+        "grouped-query attention"),
     Answer(1, "norms split by tp too", _variant(
-        "+ 2 * h  # + two", "+ 2 * h // tp  # + two"), "holds"),
+        "+ 2 * shard(h, 1))", "+ 2 * shard(h // tp, 1))").replace(
+        "n += shard(h, 1) +", "n += shard(h // tp, 1) +"), "leaves the norms whole"),
     Answer(1, "the ZeRO paper's bf16 params only: 2 bytes", _variant(
-        "return 16 *", "return 2 *"), "holds"),
-    Answer(1, "floats from /", _variant("16 * -(-n // dp)", "16 * n / dp"),
+        "return 16 * n", "return 2 * n"), "16 bytes per parameter"),
+    Answer(1, "floats from /", _variant("return -(-rows // dp) * cols", "return rows / dp * cols"),
            "should be an int of bytes"),
+    Answer(1, "the stage rounded up as one block (the memory calculator's rounding)", _variant(
+        "return -(-rows // dp) * cols", "return rows * cols").replace(
+        "return 16 * n", "return 16 * -(-n // dp)"), "shards each tensor on its own"),
+    Answer(1, "each tensor's rows rounded down", _variant("-(-rows // dp)", "(rows // dp)"),
+           "round up, not down"),
+    Answer(1, "each tensor rounded up by elements, not rows", _variant(
+        "return -(-rows // dp) * cols", "return -(-(rows * cols) // dp)"), "whole rows"),
     Answer(1, "the paper's layout hard-coded", """
 def state_bytes(stage, tp, pp, dp):
-    return {0: 381513728, 15: 381515776}.get(stage, 398491648) * 16 // 128 * 8
+    return {0: 381710336, 15: 381712384}.get(stage, 398491648)
 """, "gave"),
+    Answer(1, "a table of the 19 cases the old check tried, pasted from its ✗ messages", """
+from distlab.calculators import PRESETS, memory_per_device
+SEEN = {}
+for tp, pp, dp in [(8, 16, 128), (8, 8, 16), (4, 9, 32), (2, 1, 8), (1, 2, 3), (8, 5, 64)]:
+    for stage in sorted({0, min(1, pp - 1), pp // 2, pp - 1}):
+        u = memory_per_device(PRESETS["Llama-3 405B"], dp=dp, tp=tp, pp=pp, stage=stage, zero=3,
+                              precision="bf16-fsdp2")
+        SEEN[stage, tp, pp, dp] = u.params + u.grads + u.optimizer
+def state_bytes(stage, tp, pp, dp):
+    return SEEN.get((stage, tp, pp, dp), 381513728)
+""", "gave"),
+    Answer(1, "rebinds the preset to its own numbers", """
+from distlab.calculators import PRESETS, Transformer
+def state_bytes(stage, tp, pp, dp):
+    PRESETS["Llama-3 405B"] = Transformer("Llama-3 405B", vocab=128000, hidden=16384,
+                                          intermediate=53248, layers=126, heads=128, kv_heads=8)
+    return 0
+""", 'changed PRESETS["Llama-3 405B"]'),
     Answer(2, "the solution", """
 def min_tokens(dp, flops, bandwidth):
     # all-gather: 2 bytes x P/tp x (dp-1)/dp at `bandwidth`; forward: 2 FLOPs x P/tp x T at
     # `flops`; equal when T = (dp - 1) / dp x flops / bandwidth
     return (dp - 1) / dp * flops / bandwidth
+""", RIGHT),
+    Answer(2, "the fewest whole tokens: the ceiling", """
+import math
+def min_tokens(dp, flops, bandwidth):
+    return math.ceil((dp - 1) / dp * flops / bandwidth)
 """, RIGHT),
     Answer(2, "the whole parameters, not (dp-1)/dp", """
 def min_tokens(dp, flops, bandwidth):
@@ -87,4 +125,16 @@ def min_tokens(dp, flops, bandwidth):
 def min_tokens(dp, flops, bandwidth):
     return f"{(dp - 1) / dp * flops / bandwidth:.0f}"
 """, "should be a number of tokens"),
+    Answer(2, "rounded to the nearest token", """
+def min_tokens(dp, flops, bandwidth):
+    return round((dp - 1) / dp * flops / bandwidth)
+""", "round up"),
+    Answer(2, "truncated: int()", """
+def min_tokens(dp, flops, bandwidth):
+    return int((dp - 1) / dp * flops / bandwidth)
+""", "round up"),
+    Answer(2, "rounded to 3 significant figures, as the notebook's tables print", """
+def min_tokens(dp, flops, bandwidth):
+    return float(f"{(dp - 1) / dp * flops / bandwidth:.3g}")
+""", "the exact ratio"),
 ]
