@@ -140,8 +140,10 @@ def test_waits_line_the_ranks_up_by_group_and_call_number():
 
 
 def test_calls_one_rank_alone_recorded_and_point_to_point_calls_are_left_out():
-    flat = (fr.read(_dump(_raw(seq=1), _raw(seq=2), _raw(seq=0, op="nccl:send", is_p2p=True)), 0)
-            + fr.read(_dump(_raw(seq=1, t=0.3), _raw(seq=0, op="nccl:recv", is_p2p=True)), 1))
+    # both ranks send to each other (an exchange): same op, no call number, nothing to line up
+    send = {"seq": 0, "op": "nccl:send", "is_p2p": True, "p2p_seq_id": 1}
+    flat = (fr.read(_dump(_raw(seq=1), _raw(seq=2), _raw(**send)), 0)
+            + fr.read(_dump(_raw(seq=1, t=0.3), _raw(t=0.5, **send)), 1))
     calls = fr.waits(flat)  # one flat list does as well as a list per rank
     assert [(c.seq, c.last) for c in calls] == [(1, 1)]
 

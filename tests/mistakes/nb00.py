@@ -28,6 +28,12 @@ def gather_ranks():
     dist.all_gather(everyone, torch.tensor([dist.get_rank()]))
     return everyone
 """, "rank 0's list[0] should be an int"),
+    Answer(1, "float32 slots for an int64 rank (the dtype trap)", """
+def gather_ranks():
+    everyone = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, torch.tensor([dist.get_rank()]))
+    return [int(t) for t in everyone]
+""", "different dtypes"),
     Answer(1, "only its own rank", """
 def gather_ranks():
     return [dist.get_rank()]

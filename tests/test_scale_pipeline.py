@@ -1,0 +1,112 @@
+"""distlab.scale's pipeline step: PyTorch's schedules on a simulated rank, measured with three
+microbatches and replayed in the schedule's order (`scale.replay`), against running every
+microbatch of the step (`simulate_rank(..., every_microbatch=True)`).
+
+What must agree: the FLOPs and every collective (kind, mesh axis, bytes) exactly; the peak
+within one tensor of the residual stream and the loss's scalar (references that one
+schedule's loop drops a microbatch later than GPipe's, which the measurement runs; at Llama-3
+405B's first stage, 16 microbatches, the two peaks are equal to the byte). The layouts have 6 or more
+microbatches, so that a middle one is replayed several times.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+
+import distlab
+from distlab import scale
+from distlab.calculators import Transformer
+from distlab.scale.pipeline import in_flight
+from distlab.scale.replay import Part, replay, which
+
+SMALL = Transformer("small", vocab=1024, hidden=256, intermediate=896, layers=8, heads=8,
+                    kv_heads=2)
+L = scale.Layout
+LAYOUTS = {
+    "1F1B": L(dp=2, pp=2, seq_len=128, microbatches=6),
+    "GPipe": L(dp=2, pp=2, seq_len=128, microbatches=5, schedule="GPipe"),
+    "Interleaved1F1B": L(dp=2, pp=2, seq_len=128, microbatches=4, schedule="Interleaved1F1B",
+                         virtual_stages=2),
+    "1F1B tp, full recomputation": L(dp=2, tp=2, pp=2, seq_len=128, microbatches=6,
+                                     checkpointing="full"),
+}
+
+
+def _both(cases):
+    def run(cases):
+        from distlab.scale import simulate_rank
+
+        layout, stage = cases[int(os.environ["RANK"])]
+        return (simulate_rank(SMALL, layout, stage),
+                simulate_rank(SMALL, layout, stage, every_microbatch=True))
+
+    return distlab.launch(run, cases, world_size=len(cases), backend=None, timeout=240,
+                          threads=1)
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    cases = [(layout, stage) for layout in LAYOUTS.values() for stage in range(layout.pp)]
+    keys = [(name, stage) for name, layout in LAYOUTS.items() for stage in range(layout.pp)]
+    return dict(zip(keys, _both(cases), strict=True))
+
+
+def _stream_bytes(layout):
+    rows = layout.seq_len // layout.tp if layout.tp > 1 else layout.seq_len
+    return layout.micro_batch * rows * SMALL.hidden * 2  # bf16
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_a_replayed_step_equals_running_every_microbatch(pairs, name):
+    layout = LAYOUTS[name]
+    for stage in range(layout.pp):
+        replayed, whole = pairs[name, stage]
+        assert replayed.flops == whole.flops, (name, stage)
+        calls = Counter((c.kind, c.axis, c.nbytes) for c in replayed.collectives)
+        assert calls == Counter((c.kind, c.axis, c.nbytes) for c in whole.collectives), (
+            name, stage)
+        # one stream tensor, and a few bytes: the loss's scalar
+        assert abs(replayed.peak - whole.peak) <= _stream_bytes(layout) + 8, (
+            name, stage, replayed.peak, whole.peak)
+        assert replayed.in_flight == whole.in_flight
+        assert (replayed.params, replayed.grads, replayed.optimizer) == (
+            whole.params, whole.grads, whole.optimizer)
+
+
+def test_the_first_stage_of_1f1b_holds_as_many_microbatches_as_stages_and_gpipe_all(pairs):
+    assert [pairs["1F1B", s][1].in_flight for s in (0, 1)] == [2, 1]
+    assert [pairs["GPipe", s][1].in_flight for s in (0, 1)] == [5, 5]
+    # interleaved: rank 0 holds microbatches of both its stages (0 and 2) at once
+    assert pairs["Interleaved1F1B", 0][1].in_flight > 2
+
+
+def test_the_peak_grows_with_what_is_in_flight(pairs):
+    # GPipe keeps all 5 microbatches' activations; 1F1B two at most on its first stage (the
+    # peaks come in backward, where the first microbatch's are being freed)
+    gpipe, one_f_one_b = pairs["GPipe", 0][1], pairs["1F1B", 0][1]
+    assert gpipe.peak - one_f_one_b.peak >= 1.5 * one_f_one_b.activations
+
+
+@pytest.mark.quick
+def test_replay_takes_each_part_from_the_level_the_previous_one_left():
+    # a forward that keeps 10 and peaks 4 above its end; a backward that frees 10
+    parts = {"F": [Part(100, 114, 110)], "B": [Part(110, 112, 100)]}
+    step = replay([(0, "F", 0), (0, "F", 1), (0, "B", 0), (0, "B", 1)],
+                  lambda stage, kind, micro: parts[kind], start=50)
+    assert (step.peak, step.end) == (50 + 10 + 14, 50)
+
+
+@pytest.mark.quick
+def test_which_names_first_middle_and_last():
+    assert [which(i, 4) for i in range(4)] == ["first", "middle", "middle", "last"]
+    assert which(0, 1) == "first"
+
+
+@pytest.mark.quick
+def test_in_flight_counts_forwards_not_yet_backed():
+    actions = [(0, "F", 0), (0, "F", 1), (0, "B", 0), (0, "F", 2), (0, "B", 1), (0, "B", 2),
+               (0, "R", -1)]
+    assert in_flight(actions) == 2
