@@ -2,7 +2,7 @@
 
     from distlab import flight_recorder
     entries = cluster.run(flight_recorder.dump)          # on every rank: its own records
-    entries = cluster.run(flight_recorder.dump, group)   # ...of one process group only
+    entries = cluster.run(flight_recorder.dump, "1")     # ...of one group (by its group_name)
     calls = flight_recorder.waits(entries)               # per collective, across the ranks
     calls[0].last, calls[0].waits                        # who entered last; how long each waited
     flight_recorder.median_waits(calls)                  # per rank: the straggler waits least
@@ -15,16 +15,17 @@ records up by group and call number and answers the straggler question: every ra
 collective until the last rank arrives, so the rank that enters last is the one the others
 wait for (notebook 27).
 
-What torch records depends on the backend (torch 2.14.1, measured):
+What torch records depends on the backend (gloo: measured on torch 2.14.1; NCCL: as PyTorch's
+Flight Recorder tutorial describes it, not measured here):
 
-- gloo records every collective, by default (``TORCH_FR_BUFFER_SIZE``: 2000 entries unless set,
-  read once per process before its first group is made; 0 turns it off) with
-  ``time_created_ns``, the wall clock when the rank *called* it. It tracks no progress: ``state``
-  stays ``"scheduled"``, ``time_started_ns``/``time_completed_ns``/``duration_ms`` stay None, and
-  only ``retired`` says that the collective finished. So on gloo a wait is read off the entry
-  times (the last rank's entry minus this rank's), and the time *inside* a collective is not in
-  the dump: time it by hand (``time.perf_counter()`` around the call) or with
-  `distlab.timeline` (its ``comm`` and ``wait`` columns).
+- gloo records every collective (not ``send``/``recv``), by default (``TORCH_FR_BUFFER_SIZE``:
+  2000 entries unless set, read once per process before its first group is made; 0 turns it
+  off), with ``time_created_ns``, the wall clock when the rank *called* it. It tracks no
+  progress: ``state`` stays ``"scheduled"``, ``time_started_ns``/``time_completed_ns``/
+  ``duration_ms`` stay None, and only ``retired`` says that the collective finished. So on gloo
+  a wait is read off the entry times (the last rank's entry minus this rank's), and the time
+  *inside* a collective is not in the dump: time it by hand (``time.perf_counter()`` around the
+  call) or with `distlab.timeline` (its ``comm`` and ``wait`` columns).
 - NCCL tracks progress from its watchdog; with ``TORCH_NCCL_ENABLE_TIMING=1`` an entry has
   ``duration_ms``, the kernel's time on the GPU (measured by CUDA events), waits for late ranks
   included. NCCL's CPU side returns before the kernel runs, so there the entry time says when a
@@ -92,7 +93,6 @@ class Entry:
     time_started_ns: int | None = None
     time_completed_ns: int | None = None
     duration_ms: float | None = None
-
 
 
 def dump(group=None, *, stacks: bool = False) -> list[Entry]:

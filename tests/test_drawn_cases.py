@@ -236,7 +236,8 @@ def test_nb26s_hint_blames_a_crossed_stage_only_when_a_dp_group_crosses_one():
 
 def test_nb26_float_ranks_are_wrong():
     def floats(rank, pp, dp, tp):
-        return {k: [float(r) for r in v] for k, v in nb26.expected_traffic(rank, pp, dp, tp).items()}
+        traffic = nb26.expected_traffic(rank, pp, dp, tp)
+        return {k: [float(r) for r in v] for k, v in traffic.items()}
 
     with pytest.raises(AssertionError, match="ranks are ints"):
         nb26.exercise_2(floats)

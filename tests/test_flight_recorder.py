@@ -174,3 +174,16 @@ def test_what_cannot_be_read_says_what_to_pass(call, error, words):
 def test_a_group_that_is_not_one_is_refused():
     with pytest.raises(TypeError, match="a process group"):
         fr._group_name(3)
+
+
+def test_a_torch_without_a_dump_is_named(monkeypatch):
+    import torch
+
+    from distlab import _torch
+
+    c10d = torch._C._distributed_c10d
+    assert isinstance(_torch.flight_recorder_dump(), dict)  # this process: no group, a dump still
+    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+        monkeypatch.delattr(c10d, name, raising=False)
+    with pytest.raises(RuntimeError, match="has no Flight Recorder dump"):
+        _torch.flight_recorder_dump()

@@ -135,21 +135,21 @@ def _vocab(m, t, loss_parallel) -> int:
 
 
 def loss_transient(m, *, seq_len: int, micro_batch: int, tp: int, cp: int, loss: str,
-                   loss_parallel: bool = True, keeps_logits: bool = False) -> int:
+                   loss_parallel: bool = True) -> int:
     """Bytes the loss holds only while it runs, beyond the log-softmax `llama_terms` counts
     (on the last stage). torchtitan's ``cross_entropy(pred.flatten(0, 1).float(), labels)``
     (``loss="upcast"``), per rank, with n = 4 sbV (/ t with loss parallelism) one fp32 copy of
     the logits: forward holds the bf16 logits (n/2), their fp32 upcast (n) and the log-softmax
     (n, counted); backward, after ``del pred``, holds the log-softmax (counted), nll_loss's
-    gradient (n) and log_softmax's (n): 2n more, the larger. ``keeps_logits``: a pipeline's
-    last stage keeps its output (the bf16 logits) until its backward
-    (`torch.distributed.pipelining.stage`'s ``fwd_cache``), so n/2 more. A fused loss
+    gradient (n) and log_softmax's (n): 2n more, the larger. (A pipeline's last stage keeps
+    its bf16 logits until the microbatch's backward: `memory_estimate` counts them with the
+    microbatch's activations.) A fused loss
     (``loss="fused"``) works a chunk of tokens at a time: 0 here. At 8K tokens x 2 sequences and
     a 128K vocabulary n is 8.4 GB, so the upcast loss's backward holds 25 GB at once."""
     if loss == "fused":
         return 0
     n = 4 * (seq_len // cp) * micro_batch * _vocab(m, tp, loss_parallel)
-    return 2 * n + (n // 2 if keeps_logits else 0)
+    return 2 * n
 
 
 def _op_selective(m, s, b, t, ts, e, implementation="eager", alternate=False) -> list:

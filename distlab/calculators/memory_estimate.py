@@ -145,6 +145,7 @@ class MemoryEstimate(Printed):
     grad_sync: str | None = None
     unsharded_grads: int = 0
     loss_transient: int = 0
+    buffers: int = 0
 
     @property
     def total(self) -> int:
@@ -164,10 +165,11 @@ class MemoryEstimate(Printed):
         pipelining: the unit computing and the one prefetched; ZeRO-2, or any ZeRO with
         pipelining, keeps every unit of the stage gathered from its forward to its backward);
         ``unsharded_grads`` in place of the sharded gradients when FSDP accumulates without
-        syncing (pipelining); and the larger of two things that are never alive together:
-        ``loss_transient`` (the loss's fp32 copies on the last stage, at the start of its
-        backward) and ``recomputed`` (with checkpointing, the layer running again in backward
-        holds its whole activations meanwhile). An estimate: it adds the largest parts as if
+        syncing (pipelining); and the larger of two moments: the loss's, as backward starts
+        (``loss_transient``, the loss's fp32 copies on the last stage, with no gradient yet
+        unless accumulated unsharded from earlier microbatches), and backward's (the gradients,
+        and with checkpointing ``recomputed``: the layer running again holds its whole
+        activations meanwhile). An estimate: it adds the largest parts as if
         they were alive at the same moment, and leaves out the gradients of activations in
         backward, the gradients not yet reduce-scattered, the optimizer's temporaries (fused
         AdamW has none) and allocator fragmentation (a measured "max reserved" is above it).
@@ -175,8 +177,14 @@ class MemoryEstimate(Printed):
         notebook 25) it is within 4% without checkpointing and within 13% with it; against
         torchtitan's measured H100 runs, bench/memory_vs_torchtitan.py."""
         grads = self.unsharded_grads or self.grads
-        return (self.params + grads + self.optimizer + self.activations + self.gathered
-                + max(self.recomputed, self.loss_transient))
+        held = (self.params + self.optimizer + self.activations + self.gathered
+                + self.buffers)
+        # backward: the gradients there (as if all at once), and a layer recomputed
+        backward = held + grads + self.recomputed
+        # the loss, as backward starts: no gradient yet (``zero_grad(set_to_none=True)``
+        # freed the last step's), unless accumulated unsharded from earlier microbatches
+        loss = held + self.unsharded_grads + self.loss_transient
+        return max(backward, loss)
 
     def fits(self, capacity: int = 80 * GB) -> bool:
         """Whether the ``peak`` fits in ``capacity`` bytes (default 80 GB, an H100's memory)."""
@@ -224,12 +232,15 @@ class MemoryEstimate(Printed):
                          f"{self.unsharded_grads / GB:9.2f}  (accumulated unsharded across "
                          f"microbatches, in place of grads)")
         if self.peak != self.total:
-            later = ("the loss's fp32 copies" if self.loss_transient > self.recomputed
-                     else "a recomputed layer")
+            at_loss = self.peak > (self.params + self.optimizer + self.activations
+                                   + self.gathered + self.buffers
+                                   + (self.unsharded_grads or self.grads) + self.recomputed)
             added = [what for what, n in (
                 ("gathered parameters", self.gathered),
+                ("the pipeline's receive buffers", self.buffers),
                 ("unsharded gradients - grads", self.unsharded_grads),
-                (later, max(self.recomputed, self.loss_transient))) if n]
+                ("the loss's fp32 copies - grads", self.loss_transient if at_loss else 0),
+                ("a recomputed layer", 0 if at_loss else self.recomputed)) if n]
             lines.append(f"{'peak':12}{self.peak:>{width},}  {self.peak / GB:9.2f}  "
                          f"(estimate: total + {' + '.join(added)})")
         return "\n".join(lines)
@@ -374,13 +385,16 @@ def memory_per_device(
               sp=bool(sequence_parallel), precision=precision, attention=attention, stage=stage,
               loss_parallel=loss_parallel, implementation=implementation, loss=loss)
     terms = _activation_terms(m, checkpointing=checkpointing, **kw)
+    buffers = 0
+    if isinstance(m, Transformer) and pp > 1:
+        terms, buffers = _pipeline_terms(m, terms, microbatches=microbatches or pp, **kw)
     per_microbatch = sum(b for _, b in terms)
     accumulating = zero >= 2 and grad_sync == "last microbatch" and (microbatches or pp) > 1
     unsharded = sum(n for n in (dense, expert)) * g_bytes if accumulating else 0
     transient = 0
     if isinstance(m, Transformer) and stage == pp - 1:
         transient = loss_transient(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
-                                   loss=loss, loss_parallel=loss_parallel, keeps_logits=pp > 1)
+                                   loss=loss, loss_parallel=loss_parallel)
     return MemoryEstimate(
         model=m, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, precision=precision,
         checkpointing=checkpointing, seq_len=seq_len, micro_batch=micro_batch,
@@ -396,8 +410,28 @@ def memory_per_device(
         recomputed=_recomputed(m, checkpointing, **kw),
         implementation=implementation, loss=loss, schedule=schedule,
         virtual_stages=virtual_stages, grad_sync=grad_sync, unsharded_grads=unsharded,
-        loss_transient=transient,
+        loss_transient=transient, buffers=buffers,
     )
+
+
+def _pipeline_terms(m, terms, *, stage, microbatches, tp, pp, cp, seq_len, micro_batch, sp,
+                    precision, loss_parallel, **_):
+    """What `torch.distributed.pipelining`'s ``PipelineStage`` adds: receive buffers for the
+    activations from the previous stage and for the gradients from the next, one per
+    microbatch of the step, made when the schedule first runs and kept (so the stage's first
+    layer's input is in a buffer, not a new activation); and on the last stage each
+    microbatch's output (the bf16 logits) kept until its backward (``fwd_cache``)."""
+    e = ACTIVATION_BYTES[precision]
+    s, b = seq_len // cp, micro_batch
+    stream = e * s * b * m.hidden // (tp if sp and tp > 1 else 1)
+    terms = list(terms)
+    if stage > 0:
+        terms.append(("the first layer's input (in a receive buffer, below)", -stream))
+    if stage == pp - 1:
+        vocab = m.vocab // tp if loss_parallel and tp > 1 else m.vocab
+        terms.append(("the logits, kept by the stage until backward", e * s * b * vocab))
+    buffers = microbatches * stream * ((stage > 0) + (stage < pp - 1))
+    return terms, buffers
 
 
 def _in_flight(schedule, pp, stage, microbatches, v) -> int:

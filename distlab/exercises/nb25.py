@@ -153,7 +153,6 @@ def _hint_1(got, want, stage, tp, pp, dp) -> str:
     from ..calculators import stage_layers
 
     m, variant = LLAMA_405B, lambda **k: BYTES * held(stage, tp, pp, dp, **k)  # noqa: E731
-    h = m["hidden"]
     layers = len(stage_layers(m["layers"], pp)[stage])
     exact = held(stage, tp, pp, dp, rows=lambda r, c: r * c)  # before FSDP: one tp rank
     if got == BYTES * exact:
@@ -198,7 +197,9 @@ def _draw_clusters(n: int = 6) -> list[tuple[int, float, float]]:
     rng = random.SystemRandom()
     cases = []
     for i in range(n):
-        dp = rng.choice((2, 3, 8, rng.randrange(2, 1025)))
+        # dp = 2 not first: a ring's dp / (dp - 1) is then 2, another mistake's ratio too
+        dp = rng.choice((3, 8, rng.randrange(3, 1025)) if i == 0 else
+                        (2, 3, 8, rng.randrange(2, 1025)))
         flops = rng.uniform(1e14, 2e15)
         fraction = rng.uniform(0.1, 0.4) if i % 2 == 0 else rng.uniform(0.6, 0.9)
         tokens = rng.randrange(1000, 200_000) + fraction
@@ -224,12 +225,13 @@ def exercise_2(min_tokens) -> None:
         if math.isclose(got, want, rel_tol=1e-6) or got == math.ceil(want):
             continue
         ratio = got / want if want else float("inf")
-        hints = {dp / (dp - 1): " (a ring all-gather moves (dp - 1) / dp of the bytes, not all)",
-                 2.0: " (both sides count 2 per parameter: 2 bytes in bf16, 2 FLOPs per token)",
-                 0.5: " (both sides count 2 per parameter: 2 bytes in bf16, 2 FLOPs per token)",
-                 8.0: " (bandwidth is in bytes per second, not bits)",
-                 1 / 3: " (the forward only: one all-gather against the forward's matmuls)"}
-        hint = next((h for r, h in hints.items() if math.isclose(ratio, r, rel_tol=1e-3)), "")
+        hints = ((dp / (dp - 1), "a ring all-gather moves (dp - 1) / dp of the bytes, not all"),
+                 (2.0, "both sides count 2 per parameter: 2 bytes in bf16, 2 FLOPs per token"),
+                 (0.5, "both sides count 2 per parameter: 2 bytes in bf16, 2 FLOPs per token"),
+                 (8.0, "bandwidth is in bytes per second, not bits"),
+                 (1 / 3, "the forward only: one all-gather against the forward's matmuls"))
+        found = [h for r, h in hints if math.isclose(ratio, r, rel_tol=1e-3)]
+        hint = f" ({'; or: '.join(found)})" if found else ""
         if not hint and got in (math.floor(want), round(want)):
             hint = (" (the fewest whole tokens round up: a token fewer and the all-gather "
                     "outlasts the matmuls; or give the exact ratio)")

@@ -41,6 +41,11 @@ def _mesh(pp: int, dp: int, tp: int):
     return torch.arange(pp * dp * tp).view(pp, dp, tp)
 
 
+def _stage(rank: int, pp: int, dp: int, tp: int) -> int:
+    """The pipeline stage ``rank`` is on: its pp coordinate."""
+    return coordinates(rank, pp, dp, tp)[0]
+
+
 def expected_groups(pp: int, dp: int, tp: int) -> dict:
     """Every group of each mesh axis: the ranks that differ only in that coordinate, in mesh
     order (what ``mesh[axis]`` is on each of its ranks)."""
@@ -116,9 +121,8 @@ def exercise_1(mesh_groups) -> None:
             groups = _as_groups(got[axis], f'for {shape}, mesh_groups(...)["{axis}"]')
             if sorted(groups) == want[axis]:
                 continue
-            stage = lambda r: coordinates(r, pp, dp, tp)[0]  # noqa: E731
             hint = ""
-            if axis == "dp" and any(len({stage(r) for r in g}) > 1 for g in groups):
+            if axis == "dp" and any(len({_stage(r, pp, dp, tp) for r in g}) > 1 for g in groups):
                 hint = (" (a dp group stays inside one pipeline stage: its ranks share the pp "
                         "and tp coordinates)")
             elif sorted(map(sorted, groups)) == sorted(map(sorted, want[axis])):

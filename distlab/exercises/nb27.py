@@ -1,8 +1,9 @@
 """Graders for notebook 27, training through failures (see `distlab.exercises`).
 
-Both answers are computations in the kernel, checked on cases drawn anew at every check (a table
+Every answer is a computation in the kernel, checked on cases drawn anew at every check (a table
 of cases copied from earlier ✗ messages does not pass): Young's checkpoint interval for a job of
-many GPUs, and the straggler of per-rank timings where another rank has one bad step.
+many GPUs, the straggler of per-rank timings where another rank has one bad step, and who
+entered each collective last in Flight Recorder dumps whose buffers start at different calls.
 """
 
 from __future__ import annotations
@@ -139,3 +140,129 @@ def exercise_2(find_straggler) -> None:
             f"{what}: you named rank {got}, which is not slow before the collective at most "
             "steps; look at each rank's time before the all-reduce, step by step (the step "
             "times are all alike)")
+
+
+# -- exercise 3: who entered last, from the Flight Recorder's dumps ---------------------------
+
+
+def draw_dumps(r: random.Random) -> list[dict]:
+    """Flight Recorder dumps of a job, one per rank, in torch's format (the fields that matter).
+
+    Every rank makes the same calls on two groups, the default one (``"0"``) and ``"1"``, each
+    numbering its calls from 1, so call numbers repeat across groups. For each call one rank,
+    drawn anew, enters 20 to 200 ms after the others (the others 0 to 9 ms apart: no ties). Each
+    rank's ring buffer kept its last few calls only, from a different call on each rank, so the
+    ranks' entries line up by group and call number, not by position."""
+    world = r.randrange(3, 6)
+    calls = r.randrange(10, 15)
+    groups = ["0"] + [r.choice(["0", "1"]) for _ in range(calls - 2)] + ["1"]
+    r.shuffle(groups)
+    numbered, seen = [], {"0": 0, "1": 0}
+    for g in groups:
+        seen[g] += 1
+        numbered.append((g, seen[g]))
+    kept = [r.randrange(calls - 5, calls + 1) for _ in range(world)]
+    kept[r.randrange(world)] = calls - r.randrange(3, 6)  # at least one rank dropped a few
+    t0 = 1_800_000_000_000_000_000
+    dumps = [{"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": []}
+             for _ in range(world)]
+    for i, (g, seq) in enumerate(numbered):
+        late = r.randrange(world)
+        offsets = r.sample(range(10), world)  # distinct: no ties
+        for rank in range(world):
+            created = t0 + i * 300_000_000 + offsets[rank] * 1_000_000
+            if rank == late:
+                created += r.randrange(20, 200) * 1_000_000
+            if i >= calls - kept[rank]:
+                dumps[rank]["entries"].append({
+                    "record_id": i, "process_group": (g, "default_pg" if g == "0" else "tp"),
+                    "collective_seq_id": seq, "profiling_name": "gloo:all_reduce",
+                    "time_created_ns": created, "input_sizes": [[4]], "state": "scheduled"})
+    return dumps
+
+
+def _last_by(dumps: list[dict], key, pick=max) -> dict:
+    entered: dict = {}
+    for rank, dump in enumerate(dumps):
+        for e in dump["entries"]:
+            entered.setdefault(key(e), {})[rank] = e["time_created_ns"]
+    return {k: pick(t, key=t.get) for k, t in entered.items() if len(t) == len(dumps)}
+
+
+def entered_last(dumps: list[dict]) -> dict:
+    """(group name, call number) -> the rank that entered it last, for every call that every
+    rank's buffer still holds."""
+    return _last_by(dumps, lambda e: (e["process_group"][0], e["collective_seq_id"]))
+
+
+def _by_position(dumps: list[dict]) -> dict:
+    """What pairing the ranks' entries by their place in the buffers gives (the mistake)."""
+    out = {}
+    for row in zip(*(d["entries"] for d in dumps), strict=False):  # the shortest decides
+        times = [e["time_created_ns"] for e in row]
+        e = row[0]
+        out[(e["process_group"][0], e["collective_seq_id"])] = times.index(max(times))
+    return out
+
+
+def exercise_3(fn) -> None:
+    """``entered_last(dumps)`` -> ``{(group name, call number): rank}``, on drawn dumps whose
+    buffers start at different calls and whose groups both number their calls from 1."""
+    import copy
+
+    r = random.SystemRandom()
+    for _ in range(CASES):
+        dumps = draw_dumps(r)
+        want = entered_last(dumps)
+        if _by_position(dumps) == want:  # this draw would not tell the mistake apart
+            continue
+        got = fn(copy.deepcopy(dumps))
+        what = f"dumps of {len(dumps)} ranks"
+        if not isinstance(got, dict):
+            raise AssertionError(
+                f"entered_last should return a dict {{(group name, call number): rank}}; got "
+                f"{expect.describe(got)}")
+        if got == want:
+            continue
+        if any(not (isinstance(k, tuple) and len(k) == 2) for k in got):
+            bad = next(k for k in got if not (isinstance(k, tuple) and len(k) == 2))
+            raise AssertionError(
+                f"{what}: name each call by (group name, call number), like {next(iter(want))!r}; "
+                f"got the key {bad!r} (call numbers start at 1 again in every group)")
+        if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in got.values()):
+            bad = next(v for v in got.values()
+                       if isinstance(v, bool) or not isinstance(v, numbers.Integral))
+            raise AssertionError(
+                f"{what}: each value should be a rank (an int); got {expect.describe(bad)}")
+        if any(not 0 <= v < len(dumps) for v in got.values()):
+            bad = next(v for v in got.values() if not 0 <= v < len(dumps))
+            raise AssertionError(
+                f"{what}: each value should be a rank, 0 to {len(dumps) - 1}; got {bad} (a "
+                "time_created_ns? return the rank that has the largest)")
+        if got == _by_position(dumps):
+            raise AssertionError(
+                f"{what}: you paired the ranks' entries by their place in the buffers, but the "
+                "buffers start at different calls: match them by group and call number")
+        extra = sorted(set(got) - set(want), key=str)
+        if extra:
+            holders = [d for d in dumps if any(
+                (e["process_group"][0], e["collective_seq_id"]) == extra[0] for e in d["entries"])]
+            if holders:
+                raise AssertionError(
+                    f"{what}: {extra[0]!r} is not held by every rank (a buffer keeps only its "
+                    "last calls, and theirs start at different calls): leave out the calls "
+                    "some rank no longer holds")
+            raise AssertionError(f"{what}: no rank recorded {extra[0]!r}")
+        missing = sorted(set(want) - set(got), key=str)
+        if missing:
+            raise AssertionError(
+                f"{what}: {missing[0]!r} is missing: every rank holds it (there are "
+                f"{len(want)} such calls)")
+        if got == _last_by(dumps, lambda e: (e["process_group"][0], e["collective_seq_id"]),
+                           pick=min):
+            raise AssertionError(
+                f"{what}: those are the ranks that entered *first*; the one the others wait for "
+                "entered last (the largest time_created_ns)")
+        key = next(k for k in sorted(want, key=str) if got[k] != want[k])
+        raise AssertionError(
+            f"{what}: call {key!r} was entered last by rank {want[key]}; you said rank {got[key]}")
