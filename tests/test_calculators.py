@@ -247,7 +247,8 @@ def test_text_shows_exact_bytes_and_gb_and_is_deterministic():
                                          checkpointing="full", seq_len=8192).text()
     assert "params      17,640,734,720      17.64" in e.text()
     assert "total       50,530,598,916      50.53" in e.text()
-    assert "peak        51,581,272,068      51.58  (estimate: total + the loss's fp32 copies)" in (
+    # zero=1: the whole bf16 gradients are there in backward, more than the loss's copies
+    assert "peak        51,092,905,988      51.09  (estimate: total + a recomputed layer)" in (
         e.text())
     assert e.fits() and not e.with_(tp=4).fits()
     assert "0x" not in e.text()  # no object addresses
