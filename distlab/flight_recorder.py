@@ -151,7 +151,7 @@ def read(raw, rank: int) -> list[Entry]:
 
     Raises:
         ValueError: ``raw`` is not a Flight Recorder dump (no ``entries``), or an entry lacks a
-            field every dump has since torch 2.5 (the message names it).
+            field that `Entry` needs (the message names it and shows the entry).
         TypeError: ``raw`` is none of the above, or ``rank`` is not an int.
     """
     if isinstance(rank, bool) or not isinstance(rank, int):

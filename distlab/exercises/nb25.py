@@ -193,7 +193,8 @@ def _hint_1(got, want, stage, tp, pp, dp) -> str:
 def _draw_clusters(n: int = 6) -> list[tuple[int, float, float]]:
     """(dp, flops, bandwidth) of ``n`` clusters whose exact answer is never a whole number:
     half with a fraction below 0.5 (rounding to the nearest is then not the ceiling), half
-    above (truncating is not), on a few thousand to a few hundred thousand tokens."""
+    above (truncating is not), from a thousand to fifty thousand tokens (so that a token's tenth
+    is more than the 1e-6 the check forgives)."""
     rng = random.SystemRandom()
     cases = []
     for i in range(n):
@@ -202,7 +203,7 @@ def _draw_clusters(n: int = 6) -> list[tuple[int, float, float]]:
                         (2, 3, 8, rng.randrange(2, 1025)))
         flops = rng.uniform(1e14, 2e15)
         fraction = rng.uniform(0.1, 0.4) if i % 2 == 0 else rng.uniform(0.6, 0.9)
-        tokens = rng.randrange(1000, 200_000) + fraction
+        tokens = rng.randrange(1000, 50_000) + fraction  # a tenth of a token is > 1e-6 of it
         bandwidth = (dp - 1) / dp * flops / tokens
         cases.append((dp, flops, bandwidth))
     return cases

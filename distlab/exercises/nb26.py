@@ -5,9 +5,10 @@ layout ``init_device_mesh`` makes: ``torch.arange(pp * dp * tp).view(pp, dp, tp)
 ``rank = (pp_i * dp + dp_i) * tp + tp_i`` (the notebook asserts that on its live 8-rank mesh).
 Exercise 1 asks for every group of each axis; exercise 2 for what one rank exchanges with whom
 in a training step of the notebook's composition (pipeline sends and receives, FSDP's
-all-gathers and reduce-scatters, Megatron's all-reduces), checked against the collectives the
-notebook counts per axis. Shapes are drawn at every check, so a table of the cases copied from
-earlier ✗ messages does not pass.
+all-gathers and reduce-scatters, Megatron's all-reduces) on the axes `TRAFFIC` names: those the
+notebook's live run records for each kind (its "What each dimension carries" asserts them).
+Shapes are drawn at every check, so a table of the cases copied from earlier ✗ messages does
+not pass.
 """
 
 from __future__ import annotations

@@ -151,8 +151,9 @@ def draw_dumps(r: random.Random) -> list[dict]:
     Every rank makes the same calls on two groups, the default one (``"0"``) and ``"1"``, each
     numbering its calls from 1, so call numbers repeat across groups. For each call one rank,
     drawn anew, enters 20 to 200 ms after the others (the others 0 to 9 ms apart: no ties). Each
-    rank's ring buffer kept its last few calls only, from a different call on each rank, so the
-    ranks' entries line up by group and call number, not by position."""
+    rank's ring buffer kept its last calls only, from a different call on each rank, and one rank
+    had not yet called the last one or two when it was dumped: the ranks' entries line up by
+    group and call number, neither from the start of the buffers nor from their end."""
     world = r.randrange(3, 6)
     calls = r.randrange(10, 15)
     groups = ["0"] + [r.choice(["0", "1"]) for _ in range(calls - 2)] + ["1"]
@@ -161,8 +162,10 @@ def draw_dumps(r: random.Random) -> list[dict]:
     for g in groups:
         seen[g] += 1
         numbered.append((g, seen[g]))
-    kept = [r.randrange(calls - 5, calls + 1) for _ in range(world)]
-    kept[r.randrange(world)] = calls - r.randrange(3, 6)  # at least one rank dropped a few
+    first = [r.randrange(0, 4) for _ in range(world)]  # the oldest call each buffer still holds
+    first[r.randrange(world)] = r.randrange(4, 6)  # at least one rank dropped a few more
+    end = [calls] * world
+    end[r.randrange(world)] = calls - r.randrange(1, 3)  # behind: not yet in the last calls
     t0 = 1_800_000_000_000_000_000
     dumps = [{"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": []}
              for _ in range(world)]
@@ -173,7 +176,7 @@ def draw_dumps(r: random.Random) -> list[dict]:
             created = t0 + i * 300_000_000 + offsets[rank] * 1_000_000
             if rank == late:
                 created += r.randrange(20, 200) * 1_000_000
-            if i >= calls - kept[rank]:
+            if first[rank] <= i < end[rank]:
                 dumps[rank]["entries"].append({
                     "record_id": i, "process_group": (g, "default_pg" if g == "0" else "tp"),
                     "collective_seq_id": seq, "profiling_name": "gloo:all_reduce",
@@ -195,10 +198,12 @@ def entered_last(dumps: list[dict]) -> dict:
     return _last_by(dumps, lambda e: (e["process_group"][0], e["collective_seq_id"]))
 
 
-def _by_position(dumps: list[dict]) -> dict:
-    """What pairing the ranks' entries by their place in the buffers gives (the mistake)."""
+def _by_position(dumps: list[dict], from_end: bool = False) -> dict:
+    """What pairing the ranks' entries by their place in the buffers gives (the mistake), counted
+    from the oldest entry or from the newest."""
     out = {}
-    for row in zip(*(d["entries"] for d in dumps), strict=False):  # the shortest decides
+    lists = [d["entries"][::-1] if from_end else d["entries"] for d in dumps]
+    for row in zip(*lists, strict=False):  # the shortest decides
         times = [e["time_created_ns"] for e in row]
         e = row[0]
         out[(e["process_group"][0], e["collective_seq_id"])] = times.index(max(times))
@@ -214,8 +219,9 @@ def exercise_3(fn) -> None:
     for _ in range(CASES):
         dumps = draw_dumps(r)
         want = entered_last(dumps)
-        if _by_position(dumps) == want:  # this draw would not tell the mistake apart
-            continue
+        while want in (_by_position(dumps), _by_position(dumps, from_end=True)):
+            dumps = draw_dumps(r)  # a draw that tells pairing by place apart
+            want = entered_last(dumps)
         got = fn(copy.deepcopy(dumps))
         what = f"dumps of {len(dumps)} ranks"
         if not isinstance(got, dict):
@@ -243,6 +249,11 @@ def exercise_3(fn) -> None:
             raise AssertionError(
                 f"{what}: you paired the ranks' entries by their place in the buffers, but the "
                 "buffers start at different calls: match them by group and call number")
+        if got == _by_position(dumps, from_end=True):
+            raise AssertionError(
+                f"{what}: you paired the ranks' entries counting from the newest, but the "
+                "buffers end at different calls too (a rank had not yet called the last ones): "
+                "match them by group and call number")
         extra = sorted(set(got) - set(want), key=str)
         if extra:
             holders = [d for d in dumps if any(
