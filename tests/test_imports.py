@@ -148,6 +148,8 @@ KNOWS_NOTHING = {
     (_S + "instruments", "models or layouts"): (_S + "model", _S + "layout",
                                                 _C + "models"),
     (_S + "layout", "models beyond their sizes"): (_S + "model", _S + "plans"),
+    (_S + "replay", "models or layouts"): (_S + "model", _S + "layout", _S + "plans",
+                                             _S + "plan_order", "distlab.calculators"),
     (_S + "pipeline", "how a stage is built or what is read off it"): (
         _S + "plan_order", _S + "plans", _S + "model", _S + "measure", _S + "instruments"),
     (_S + "model", "meshes or parallel plans"): (_S + "plans", _S + "mesh",
