@@ -48,9 +48,10 @@ def test_the_405b_rows_are_within_their_stated_bounds():
     """The 405B rows ran with torch.compile, Float8 and async TP: predicted as bf16 eager,
     which holds more (compile alone saved 5.4 GiB in Table 1), so a ratio a little above 1 is
     possible there. The 1F1B row was 0.35 before the unsharded fp32 gradients, the loss's
-    transients, torchtitan's microbatch size and the pipeline's buffers were counted."""
+    transients, torchtitan's microbatch size, the pipeline's buffers and the embedding's whole
+    gradient were counted (0.78 without the last)."""
     ratios = {row.label: ratio for row, _, _, ratio in bench.table()}
-    assert 0.75 <= ratios["405B 3D, 1F1B"] < 0.85
+    assert 0.85 <= ratios["405B 3D, 1F1B"] <= 1.0
     assert 0.95 <= ratios["405B 3D, Interleaved1F1B (v=2)"] <= 1.10
 
 
@@ -70,8 +71,10 @@ def test_pipelining_with_fsdp2_accumulates_the_stages_gradients_unsharded_in_fp3
     est = memory_per_device("Llama-3 405B", stage=0, **FSDP2_405B)
     assert est.grad_sync == "last microbatch"
     assert est.numel == 6_240_043_008
-    assert est.unsharded_grads == 6_240_043_008 * 4  # 23.2 GiB, not divided by dp
-    assert round(est.unsharded_grads / GIB, 1) == 23.2
+    # 23.2 GiB, not divided by dp; and the embedding's gradient whole over the vocabulary
+    whole_embedding = 128256 * 16384 * 7 // 8 * 4
+    assert est.unsharded_grads == 6_240_043_008 * 4 + whole_embedding
+    assert round((est.unsharded_grads - whole_embedding) / GIB, 1) == 23.2
     synced = est.with_(grad_sync="each microbatch")
     assert synced.unsharded_grads == 0
     assert est.peak - synced.peak == est.unsharded_grads - est.grads
@@ -152,3 +155,16 @@ def test_precision_names_say_whose_bytes_they_are():
     assert zero.total == memory_per_device(1_000_000, precision="bf16-mixed").total
     fsdp2 = memory_per_device(1_000_000, precision="bf16-fsdp2")
     assert (fsdp2.params, fsdp2.grads, fsdp2.optimizer) == (4_000_000, 4_000_000, 8_000_000)
+
+
+def test_the_embeddings_gradient_is_whole_over_the_vocabulary_under_tp():
+    """torch 2.14's DTensor has no vocabulary-sharded strategy for ``embedding_dense_backward``:
+    the gradient of the vocabulary-sharded embedding comes out (vocab x hidden) on every tp rank
+    (the simulation holds it: notebook 25's first stage, 8.4 GB in fp32). Under pipelining FSDP2
+    accumulates it so; without, it is a transient at the end of backward."""
+    first = memory_per_device("Llama-3 405B", stage=0, **FSDP2_405B)
+    middle = first.with_(stage=3)
+    assert first.embedding_grad == 128256 * 16384 * 2 and middle.embedding_grad == 0
+    assert first.with_(tp=1, pp=8, dp=64).embedding_grad == 0  # no tp: sharded as it should be
+    accumulated = first.unsharded_grads - first.numel * 4
+    assert accumulated == 128256 * 16384 * 7 // 8 * 4

@@ -146,6 +146,7 @@ class MemoryEstimate(Printed):
     unsharded_grads: int = 0
     loss_transient: int = 0
     buffers: int = 0
+    embedding_grad: int = 0
 
     @property
     def total(self) -> int:
@@ -169,18 +170,21 @@ class MemoryEstimate(Printed):
         (``loss_transient``, the loss's fp32 copies on the last stage, with no gradient yet
         unless accumulated unsharded from earlier microbatches), and backward's (the gradients,
         and with checkpointing ``recomputed``: the layer running again holds its whole
-        activations meanwhile). An estimate: it adds the largest parts as if
-        they were alive at the same moment, and leaves out the gradients of activations in
-        backward, the gradients not yet reduce-scattered, the optimizer's temporaries (fused
-        AdamW has none) and allocator fragmentation (a measured "max reserved" is above it).
+        activations meanwhile; on the first stage with TP, the embedding's gradient, which
+        torch makes whole over the vocabulary: ``embedding_grad``). An estimate: it adds the
+        largest parts as if they were alive at the same moment, and leaves out the gradients
+        of activations in backward, the gradients not yet reduce-scattered, the optimizer's
+        temporaries (fused AdamW has none) and allocator fragmentation (a measured "max
+        reserved" is above it).
         Against PyTorch's own code on simulated ranks (bench/calculator_vs_simulation.py,
         notebook 25) it is within 4% without checkpointing and within 13% with it; against
         torchtitan's measured H100 runs, bench/memory_vs_torchtitan.py."""
         grads = self.unsharded_grads or self.grads
         held = (self.params + self.optimizer + self.activations + self.gathered
                 + self.buffers)
-        # backward: the gradients there (as if all at once), and a layer recomputed
-        backward = held + grads + self.recomputed
+        # backward: the gradients there (as if all at once), and a layer recomputed or, at
+        # the first stage's end with TP, the embedding's whole gradient
+        backward = held + grads + max(self.recomputed, self.embedding_grad)
         # the loss, as backward starts: no gradient yet (``zero_grad(set_to_none=True)``
         # freed the last step's), unless accumulated unsharded from earlier microbatches
         loss = held + self.unsharded_grads + self.loss_transient
@@ -232,15 +236,17 @@ class MemoryEstimate(Printed):
                          f"{self.unsharded_grads / GB:9.2f}  (accumulated unsharded across "
                          f"microbatches, in place of grads)")
         if self.peak != self.total:
+            late = max(self.recomputed, self.embedding_grad)
             at_loss = self.peak > (self.params + self.optimizer + self.activations
                                    + self.gathered + self.buffers
-                                   + (self.unsharded_grads or self.grads) + self.recomputed)
+                                   + (self.unsharded_grads or self.grads) + late)
             added = [what for what, n in (
                 ("gathered parameters", self.gathered),
                 ("the pipeline's receive buffers", self.buffers),
                 ("unsharded gradients - grads", self.unsharded_grads),
                 ("the loss's fp32 copies - grads", self.loss_transient if at_loss else 0),
-                ("a recomputed layer", 0 if at_loss else self.recomputed)) if n]
+                ("a recomputed layer" if self.recomputed >= self.embedding_grad else
+                 "the embedding's whole gradient", 0 if at_loss else late)) if n]
             lines.append(f"{'peak':12}{self.peak:>{width},}  {self.peak / GB:9.2f}  "
                          f"(estimate: total + {' + '.join(added)})")
         return "\n".join(lines)
@@ -391,6 +397,15 @@ def memory_per_device(
     per_microbatch = sum(b for _, b in terms)
     accumulating = zero >= 2 and grad_sync == "last microbatch" and (microbatches or pp) > 1
     unsharded = sum(n for n in (dense, expert)) * g_bytes if accumulating else 0
+    embedding_grad = 0
+    if isinstance(m, Transformer) and stage == 0 and tp > 1:
+        # torch's DTensor has no vocabulary-sharded embedding backward: the gradient of the
+        # vocabulary-sharded embedding comes out whole (vocab x hidden), the tp ranks' parts
+        # partial (``embedding_dense_backward``'s strategies: column-wise or partial), in bf16
+        whole, mine = m.vocab * m.hidden, m.vocab // tp * m.hidden
+        embedding_grad = whole * ACTIVATION_BYTES[precision]
+        if accumulating:  # and FSDP2 accumulates it so, in fp32, for the step
+            unsharded += (whole - mine) * g_bytes
     transient = 0
     if isinstance(m, Transformer) and stage == pp - 1:
         transient = loss_transient(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
@@ -410,7 +425,7 @@ def memory_per_device(
         recomputed=_recomputed(m, checkpointing, **kw),
         implementation=implementation, loss=loss, schedule=schedule,
         virtual_stages=virtual_stages, grad_sync=grad_sync, unsharded_grads=unsharded,
-        loss_transient=transient, buffers=buffers,
+        loss_transient=transient, buffers=buffers, embedding_grad=embedding_grad,
     )
 
 
