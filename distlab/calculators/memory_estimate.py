@@ -183,12 +183,17 @@ class MemoryEstimate(Printed):
         held = (self.params + self.optimizer + self.activations + self.gathered
                 + self.buffers)
         # backward: the gradients there (as if all at once), and a layer recomputed or, at
-        # the first stage's end with TP, the embedding's whole gradient
-        backward = held + grads + max(self.recomputed, self.embedding_grad)
+        # the first stage's end with TP, the embedding's whole gradient (by then that
+        # microbatch's activations are freed)
+        backward = held + grads + self._late
         # the loss, as backward starts: no gradient yet (``zero_grad(set_to_none=True)``
         # freed the last step's), unless accumulated unsharded from earlier microbatches
         loss = held + self.unsharded_grads + self.loss_transient
         return max(backward, loss)
+
+    @property
+    def _late(self) -> int:
+        return max(self.recomputed, self.embedding_grad - self.per_microbatch, 0)
 
     def fits(self, capacity: int = 80 * GB) -> bool:
         """Whether the ``peak`` fits in ``capacity`` bytes (default 80 GB, an H100's memory)."""
@@ -236,7 +241,7 @@ class MemoryEstimate(Printed):
                          f"{self.unsharded_grads / GB:9.2f}  (accumulated unsharded across "
                          f"microbatches, in place of grads)")
         if self.peak != self.total:
-            late = max(self.recomputed, self.embedding_grad)
+            late = self._late
             at_loss = self.peak > (self.params + self.optimizer + self.activations
                                    + self.gathered + self.buffers
                                    + (self.unsharded_grads or self.grads) + late)
@@ -245,7 +250,7 @@ class MemoryEstimate(Printed):
                 ("the pipeline's receive buffers", self.buffers),
                 ("unsharded gradients - grads", self.unsharded_grads),
                 ("the loss's fp32 copies - grads", self.loss_transient if at_loss else 0),
-                ("a recomputed layer" if self.recomputed >= self.embedding_grad else
+                ("a recomputed layer" if self.recomputed >= late else
                  "the embedding's whole gradient", 0 if at_loss else late)) if n]
             lines.append(f"{'peak':12}{self.peak:>{width},}  {self.peak / GB:9.2f}  "
                          f"(estimate: total + {' + '.join(added)})")

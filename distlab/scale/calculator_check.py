@@ -4,8 +4,8 @@
     scale.against_calculator(laid)      # a table: simulated, calculator, calculator / simulated
 
 The calculator is asked the same question the simulation answered: the same model, sizes,
-checkpointing and pipeline stage, with precision "bf16-fsdp2" (FSDP2's fp32 shards, bf16
-compute) or "fp32", as `Layout.precision` runs. Knows nothing about how either is computed.
+checkpointing, schedule and pipeline stage (`Layout.memory`: the one mapping from a layout
+to the calculator's arguments; the precisions carry the same names in both). Knows nothing about how either is computed.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..calculators._text import GB
-from ..calculators.memory_estimate import MemoryEstimate, memory_per_device
+from ..calculators.memory_estimate import MemoryEstimate
 from .lay_out import LaidOut
 from .report import RankReport
 
@@ -27,18 +27,8 @@ PARTS = (("parameters", "params", "params"), ("gradients", "grads", "grads"),
 
 
 def calculator_for(report: RankReport) -> MemoryEstimate:
-    """`memory_per_device` asked about the rank ``report`` simulated."""
-    lay = report.layout
-    return memory_per_device(
-        report.model, dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep,
-        zero=lay.zero, reshard_after_forward=lay.reshard_after_forward,
-        checkpointing=lay.checkpointing,
-        precision="bf16-fsdp2" if lay.precision == "bf16-mixed" else "fp32",
-        seq_len=lay.seq_len, micro_batch=lay.micro_batch,
-        sequence_parallel=lay.sequence_parallel, attention=lay.attention, stage=report.stage,
-        microbatches=lay.microbatches, loss_parallel=lay.loss_parallel,
-        replicate=lay.replicate,
-    )
+    """`memory_per_device` asked about the rank ``report`` simulated (`Layout.memory`)."""
+    return report.layout.memory(report.model, stage=report.stage)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from .pipeline import SCHEDULES
 
 __all__ = ["CHECKPOINTING", "PRECISIONS", "Layout", "stage_layers"]
 
-PRECISIONS = ("bf16-mixed", "fp32")
+PRECISIONS = ("bf16-fsdp2", "fp32")
 ZERO = {0: "DDP (replicated)", 3: "FSDP (ZeRO-3)"}
 
 
@@ -62,7 +62,7 @@ class Layout:
             (``set_requires_gradient_sync(False)`` before the others), unless
             ``sync_each_microbatch``.
         sync_each_microbatch: reduce-scatter after every accumulated microbatch.
-        precision: "bf16-mixed" (FSDP2's MixedPrecisionPolicy: bf16 compute and all-gathers,
+        precision: "bf16-fsdp2" (FSDP2's MixedPrecisionPolicy: bf16 compute and all-gathers,
             fp32 gradient reduction and fp32 weights and Adam state) or "fp32".
         attention: "sdpa" (flash attention) or "written" (softmax of the scores kept).
         sequence_parallel: with tp > 1, norms and residuals sharded by sequence too.
@@ -89,7 +89,7 @@ class Layout:
     virtual_stages: int = 1
     accumulate: int = 1
     sync_each_microbatch: bool = False
-    precision: str = "bf16-mixed"
+    precision: str = "bf16-fsdp2"
     attention: str = "sdpa"
     sequence_parallel: bool = True
     loss_parallel: bool = True
@@ -115,6 +115,12 @@ class Layout:
             )
         if self.zero not in ZERO or isinstance(self.zero, bool):
             raise CalculatorError(f"zero must be one of {sorted(ZERO)}, got {self.zero!r}")
+        if self.precision in ("bf16-mixed", "bf16-zero-paper", "bf16-fp32-grads"):
+            raise CalculatorError(
+                f"precision={self.precision!r} is a calculator's name for bf16 weights with an "
+                "fp32 master copy elsewhere (2 + 2 + 12 or 2 + 4 + 12 bytes per parameter); "
+                "FSDP2's MixedPrecisionPolicy keeps the fp32 shards as the master weights "
+                "(4 + 4 + 8): precision=\"bf16-fsdp2\", the name the calculators give it too")
         for name, options in (("checkpointing", CHECKPOINTING), ("precision", PRECISIONS),
                               ("attention", ("sdpa", "written"))):
             if getattr(self, name) not in options:
@@ -133,6 +139,22 @@ class Layout:
         if self.seq_len % self.cp:
             raise CalculatorError(f"seq_len={self.seq_len} does not split into cp={self.cp} "
                                   "equal parts")
+
+    def memory(self, model, stage: int = 0):
+        """The memory calculator asked about ``model`` on pipeline ``stage`` of this layout:
+        `calculators.memory_per_device` with this layout's every knob (the one place the
+        simulator's layout and the calculator's arguments meet)."""
+        from ..calculators.memory_estimate import memory_per_device
+
+        return memory_per_device(
+            model, dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, zero=self.zero,
+            reshard_after_forward=self.reshard_after_forward, checkpointing=self.checkpointing,
+            precision=self.precision, seq_len=self.seq_len, micro_batch=self.micro_batch,
+            sequence_parallel=self.sequence_parallel, attention=self.attention, stage=stage,
+            microbatches=self.accumulate if self.accumulate > 1 else self.microbatches,
+            loss_parallel=self.loss_parallel, replicate=self.replicate,
+            schedule=self.schedule, virtual_stages=self.virtual_stages,
+            grad_sync="each microbatch" if self.sync_each_microbatch else "last microbatch")
 
     @property
     def world_size(self) -> int:

@@ -177,7 +177,7 @@ def apply_fsdp(module, dp_mesh, *, reshard: bool, precision: str, expert_mesh=No
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if precision == "bf16-mixed" else MixedPrecisionPolicy())
+              if precision == "bf16-fsdp2" else MixedPrecisionPolicy())
     blocks = list(module.layers.values())
     for i, block in enumerate(blocks):
         unit_reshard = reshard and i < len(blocks) - 1
