@@ -39,7 +39,7 @@ def measure_step(config, layout, stage, names, model, every_microbatch=False) ->
     rank, dims = rank_of({"pp": stage}, layout.mesh_shape), layout.mesh_shape
     chunks = list(model) if isinstance(model, torch.nn.ModuleList) else [model]
     b, s = layout.micro_batch, layout.seq_len // layout.cp
-    act_dtype = torch.bfloat16 if layout.precision == "bf16-mixed" else torch.float32
+    act_dtype = torch.bfloat16 if layout.precision == "bf16-fsdp2" else torch.float32
     flops, comms = LocalFlops(), Collectives(names)
     last = stage == layout.pp - 1
     parallel_loss = last and layout.tp > 1 and layout.loss_parallel
