@@ -10,6 +10,7 @@ not pass.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import random
@@ -239,3 +240,135 @@ def exercise_2(min_tokens) -> None:
         raise AssertionError(f"{what} gave {got!r}; the all-gather hides behind the forward "
                              f"from {want:,.2f} tokens per rank (the exact ratio; its ceiling, "
                              f"{math.ceil(want):,}, is right too){hint}")
+
+
+#: Exercise 3's layout, all but the pipeline: TP 8, FSDP over 8, 1F1B with pp microbatches,
+#: full recomputation, FSDP2's bf16 mixed precision, 8K-token sequences.
+CHOOSE = dict(tp=8, dp=8, seq_len=8192, checkpointing="full")
+#: The pipeline sizes a learner tries, fewest first.
+PP_TRIED = tuple(range(1, 17))
+
+
+def fewest_stages_truth(model, capacity: int):
+    """The fewest stages in `PP_TRIED` with which every stage's peak (the calculator, through
+    `distlab.scale.Layout.memory`) is at most ``capacity`` bytes; None if none."""
+    for pp in PP_TRIED:
+        peaks = _peaks(model, pp)
+        if peaks and max(peaks) <= capacity:
+            return pp
+    return None
+
+
+def _splits(model, pp: int) -> bool:
+    """Whether ``model``'s layers split into ``pp`` stages (`calculators.stage_layers`: pp
+    divides the layers, or the layers + 2 with the first and last stage a layer lighter)."""
+    from ..calculators import CalculatorError, stage_layers
+
+    try:
+        stage_layers(model.layers, pp)
+    except CalculatorError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _peaks(model, pp: int) -> tuple[int, ...]:
+    """Each stage's peak with ``pp`` stages; () when the layers do not split so."""
+    from ..scale import Layout
+
+    if not _splits(model, pp):
+        return ()
+    layout = Layout(pp=pp, **CHOOSE)
+    return tuple(layout.memory(model, stage).peak for stage in range(pp))
+
+
+def _draw_model(rng):
+    """A Llama-like model no notebook shows: hidden a multiple of 1,024, heads of 128, 8
+    key-value heads, the MLP about 3.5 x hidden, 24-96 layers, a 32K to 256K vocabulary."""
+    from ..calculators import Transformer
+
+    hidden = 1024 * rng.randrange(4, 17)
+    vocab = rng.choice((32768, 65536, 128256, 256000))
+    return Transformer(f"drawn-{hidden}-{vocab}", vocab=vocab, hidden=hidden,
+                       intermediate=256 * round(3.5 * hidden / 256), layers=rng.randrange(24, 97),
+                       heads=hidden // 128, kv_heads=8)
+
+
+def _draw_choices(n: int = 6):
+    """(model, capacity) cases, yielded as drawn: capacities between two pipeline sizes' worst
+    peaks (the first exactly at the answer's: "at most" includes it), among them one where the
+    last stage decides and one where the first does, then one where no pipeline of `PP_TRIED`
+    fits."""
+    rng = random.SystemRandom()
+    found, first_decides, last_decides = 0, False, False
+    for _ in range(400):
+        if found >= n - 1 and last_decides and first_decides:
+            break
+        model = _draw_model(rng)
+        tried = [pp for pp in PP_TRIED if _splits(model, pp)]
+        if len(tried) < 3:
+            continue
+        at = rng.randrange(1, len(tried))
+        pp, before = tried[at], tried[at - 1]
+        worst, fewer = max(_peaks(model, pp)), max(_peaks(model, before))
+        if worst >= fewer:
+            continue  # one stage more does not help here: not a question with one answer
+        capacity = worst if found == 0 else rng.randrange(worst, fewer)
+        if fewest_stages_truth(model, capacity) != pp:
+            continue
+        peaks = _peaks(model, before)
+        decides_last = peaks[-1] > capacity >= peaks[0]
+        decides_first = peaks[0] > capacity >= peaks[-1]
+        if found >= n - 1 and not (decides_last and not last_decides
+                                   or decides_first and not first_decides):
+            continue
+        last_decides |= decides_last
+        first_decides |= decides_first
+        found += 1
+        yield model, capacity
+    model = _draw_model(rng)
+    yield model, max(_peaks(model, 1)) // 100  # a hundredth: nothing fits
+
+
+def exercise_3(fewest_stages) -> None:
+    """``fewest_stages(model, capacity)``: the fewest pipeline stages (1 to 16, those the model's
+    layers split into: `calculators.stage_layers`) with which
+    every stage of ``model`` (a `calculators.Transformer`), laid out as `CHOOSE`, peaks at
+    ``capacity`` bytes or less by the calculator; None when none does. Models and capacities
+    drawn at every check: one capacity exactly a peak, one where the last stage decides, one
+    where nothing fits."""
+    for model, capacity in _draw_choices():
+        want = fewest_stages_truth(model, capacity)
+        what = (f"fewest_stages(Transformer(hidden={model.hidden}, layers={model.layers}, "
+                f"vocab={model.vocab}, ...), {capacity:,})")
+        got = fewest_stages(model, capacity)
+        if want is None:
+            if got is not None:
+                raise AssertionError(f"{what} gave {expect.describe(got)}: no pipeline of 1 to "
+                                     "16 stages fits there (its stages' peaks are all above "
+                                     "the capacity); return None")
+            continue
+        if got is None:
+            raise AssertionError(f"{what} gave None, but a pipeline of 1 to 16 stages fits "
+                                 "there (try every pp the layers split into, fewest first; a "
+                                 "peak equal to the capacity fits)")
+        if not isinstance(got, int) or isinstance(got, bool):
+            raise AssertionError(f"{what} should be a whole number of stages (or None), got "
+                                 f"{expect.describe(got)}")
+        if got == want:
+            continue
+        hint = ""
+        if got < want:
+            peaks = _peaks(model, got)
+            over = [s for s, p in enumerate(peaks) if p > capacity]
+            hint = (f": with pp={got}, stage {over[0]} of 0 to {got - 1} peaks at "
+                    f"{peaks[over[0]]:,} bytes, above the capacity (check every stage: the "
+                    "first holds the embedding and the most microbatches, the last the "
+                    "output layer and the loss; and compare bytes with bytes)") if over else ""
+        else:
+            hint = (": a pipeline with fewer stages fits already (try every pp the layers "
+                    "split into, fewest first; a peak equal to the capacity fits)")
+        if got not in PP_TRIED or not _splits(model, got):
+            hint = (f": {model.layers} layers do not split into {got} stages (try only what "
+                    "calculators.stage_layers accepts)")
+        raise AssertionError(f"{what} gave {got}, not the fewest stages that fit{hint}")

@@ -7,6 +7,7 @@ from . import RIGHT, Answer
 GRADERS = {
     1: (nb25.exercise_1, ["state_bytes"]),
     2: (nb25.exercise_2, ["min_tokens"]),
+    3: (nb25.exercise_3, ["fewest_stages"]),
 }
 
 # What the notebook's cells define before the exercises.
@@ -33,6 +34,28 @@ def state_bytes(stage, tp, pp, dp):
         n += shard(h, 1) + shard(m.vocab // tp, h)  # the final norm and the output layer
     return 16 * n  # 4 + 4 + 8 bytes per parameter of this rank's shard
 """
+
+
+_SOLUTION_3 = """
+from distlab import scale
+from distlab.calculators import CalculatorError
+
+def fewest_stages(model, capacity):
+    for pp in range(1, 17):
+        layout = scale.Layout(tp=8, dp=8, pp=pp, seq_len=8192, checkpointing="full")
+        try:
+            peaks = [layout.memory(model, stage).peak for stage in range(pp)]
+        except CalculatorError:  # the layers do not split into pp stages
+            continue
+        if max(peaks) <= capacity:
+            return pp
+    return None
+"""
+
+
+def _variant_3(old: str, new: str) -> str:
+    assert old in _SOLUTION_3, old
+    return _SOLUTION_3.replace(old, new)
 
 
 def _variant(old: str, new: str) -> str:
@@ -137,4 +160,23 @@ def min_tokens(dp, flops, bandwidth):
 def min_tokens(dp, flops, bandwidth):
     return float(f"{(dp - 1) / dp * flops / bandwidth:.3g}")
 """, "the exact ratio"),
+    Answer(3, "the solution", _SOLUTION_3, RIGHT),
+    Answer(3, "only the first stage checked", _variant_3(
+        "for stage in range(pp)]", "for stage in (0,)]"), "check every stage"),
+    Answer(3, "only the last stage checked", _variant_3(
+        "for stage in range(pp)]", "for stage in (pp - 1,)]"), "check every stage"),
+    Answer(3, "a peak equal to the capacity taken for too much", _variant_3(
+        "if max(peaks) <= capacity:", "if max(peaks) < capacity:"), "equal to the capacity"),
+    Answer(3, "GB against bytes", _variant_3(
+        "if max(peaks) <= capacity:", "if max(peaks) / 1e9 <= capacity:"), "bytes with bytes"),
+    Answer(3, "0 when nothing fits", _variant_3("    return None\n", "    return 0\n"),
+           "return None"),
+    Answer(3, "powers of two only", _variant_3("for pp in range(1, 17):",
+                                               "for pp in (1, 2, 4, 8, 16):"), "try every pp"),
+    Answer(3, "a float", _variant_3("            return pp", "            return float(pp)"),
+           "whole number of stages"),
+    Answer(3, "the notebook's 405B answer for every model", """
+def fewest_stages(model, capacity):
+    return 16
+""", "gave"),
 ]
