@@ -52,10 +52,10 @@ PAPER = (
 #: torchtitan's H100 tables: (row, step_time arguments or None, measured TPS/GPU, why not).
 TORCHTITAN = (
     ("T1 8B FSDP 8, selective AC", dict(dp=8, seq_len=8192, micro_batch=2, microbatches=1,
-                                         checkpointing="op-selective",
+                                         checkpointing="op-selective-alternate",
                                          dp_link="NVLink 4 (H100 SXM)"), 5762, ""),
     ("T3 8B FSDP 128, selective AC", dict(dp=128, seq_len=8192, micro_batch=2, microbatches=1,
-                                           checkpointing="op-selective"), 5605, ""),
+                                           checkpointing="op-selective-alternate"), 5605, ""),
     ("T1 8B FSDP 8 + compile", None, 6667, "torch.compile fuses elementwise ops (+16%)"),
     ("T1 8B FSDP 8 + compile + Float8", None, 8532,
      "Float8 matmuls: twice the peak for Linear layers (+28% over compile)"),

@@ -77,9 +77,13 @@ __all__ = ["CHECKPOINTING", "H100_PEAK", "MAMF_H100", "MATMUL_EFFICIENCY", "Step
 H100_PEAK = 989e12  #: H100 SXM dense bf16 FLOP/s (NVIDIA datasheet: 1,979 with sparsity)
 MAMF_H100 = 792.1e12  #: measured: stas00/ml-engineering, MAMF table, H100 SXM, bf16, CUDA 12.1
 MATMUL_EFFICIENCY = MAMF_H100 / H100_PEAK  #: 0.80, the default ``matmul_efficiency``
-CHECKPOINTING = ("none", "op-selective", "selective", "full")
+#: The memory calculator's names (`memory_estimate.CHECKPOINTING`): "op-selective" keeps every
+#: matmul's output (recomputes none), "op-selective-alternate" (torchtitan's policy of December
+#: 2024) every other one (recomputes half).
+CHECKPOINTING = ("none", "op-selective", "op-selective-alternate", "selective", "full")
 _RECOMPUTE = {  # (share of the matmuls' forward, of attention's forward) run again in backward
-    "none": (0, 0), "op-selective": (Fraction(1, 2), 0), "selective": (0, 1), "full": (1, 1),
+    "none": (0, 0), "op-selective": (0, 0), "op-selective-alternate": (Fraction(1, 2), 0),
+    "selective": (0, 1), "full": (1, 1),
 }
 
 
@@ -201,7 +205,8 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
         microbatches: microbatches per step through each pipeline (per data-parallel rank);
             default pp. Tokens per step: dp x microbatches x micro_batch x seq_len.
         schedule, v: "GPipe", "1F1B" or "Interleaved1F1B" with v >= 2 stages per rank.
-        checkpointing: "none", "op-selective", "selective" or "full" (what is recomputed).
+        checkpointing: "none", "op-selective", "op-selective-alternate", "selective" or
+            "full" (what is recomputed), as `memory_per_device` names them.
         matmul_efficiency: the share of ``peak_flops`` the matmuls reach (default 0.80, the
             measured H100 MAMF); attention_efficiency: attention's (default: the same).
         peak_flops: one GPU's peak, FLOP/s (default H100 SXM dense bf16, 989e12).
