@@ -143,6 +143,35 @@ def unseen_shape_propagation():
         ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
+@contextlib.contextmanager
+def waits_unseen():
+    """While active, ``Work.wait()`` runs with every dispatch mode set aside. On a real gloo rank
+    (`scale.real_ranks`): gloo's reduce-scatter (``_reduce_scatter_base``) all-reduces a copy of
+    its whole input and, in ``wait()``, splits it and copies this rank's chunk into the output,
+    so a MemTracker would count an input-sized buffer that NCCL (a true reduce-scatter) and the
+    fake backend never make. Nothing else a real rank's step waits for runs an op in ``wait()``.
+
+    - ``torch._C._distributed_c10d.Work.wait``: a method of c10d's pybind class, replaced on
+      the class while active; public as ``dist.Work.wait``, replacing it is not.
+    - ``torch.utils._python_dispatch._disable_current_modes``: private, since torch 2.0.
+    No public replacement.
+    """
+    from torch._C._distributed_c10d import Work
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    original = Work.wait
+
+    def wait(self, *args, **kwargs):
+        with _disable_current_modes():
+            return original(self, *args, **kwargs)
+
+    Work.wait = wait
+    try:
+        yield
+    finally:
+        Work.wait = original
+
+
 def fake_tensors():
     """A mode in which new tensors are fake: shapes, dtypes and devices, no memory, no values
     (real tensors from outside are allowed in).

@@ -32,6 +32,9 @@ SMALL_CASES = [
     (SMALL, L(dp=2, tp=2, seq_len=128, checkpointing="full"), 0),
     (SMALL, L(dp=2, seq_len=128, checkpointing="selective", attention="written"), 0),
     (SMALL, L(dp=2, tp=2, seq_len=128, checkpointing="op-selective"), 0),
+    # torchtitan's every-other-matmul policy, with and without tensor parallelism
+    (SMALL, L(dp=2, tp=2, seq_len=128, checkpointing="op-selective-alternate"), 0),
+    (SMALL, L(dp=2, seq_len=128, checkpointing="op-selective-alternate"), 0),
     (SMALL, L(dp=2, tp=2, cp=2, pp=2, seq_len=256, checkpointing="full"), 1),
     (SMALL, L(dp=2, pp=2, seq_len=128), 0),
     (MOE, L(dp=2, ep=2, seq_len=128), 0),

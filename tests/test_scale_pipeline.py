@@ -5,8 +5,8 @@ microbatch of the step (`simulate_rank(..., every_microbatch=True)`).
 What must agree: the FLOPs and every collective (kind, mesh axis, bytes) exactly; the peak
 within one tensor of the residual stream and the loss's scalar (references that one
 schedule's loop drops a microbatch later than GPipe's, which the measurement runs; at Llama-3
-405B's first stage, 16 microbatches, the two peaks are equal to the byte). The layouts have 6 or more
-microbatches, so that a middle one is replayed several times.
+405B's first stage, 16 microbatches, the two peaks are equal to the byte). The layouts have 6
+or more microbatches, so that a middle one is replayed several times.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
 
 The calculator is asked the same question the simulation answered: the same model, sizes,
 checkpointing, schedule and pipeline stage (`Layout.memory`: the one mapping from a layout
-to the calculator's arguments; the precisions carry the same names in both). Knows nothing about how either is computed.
+to the calculator's arguments; the precisions carry the same names in both). Knows nothing
+about how either is computed.
 """
 
 from __future__ import annotations

@@ -30,12 +30,15 @@ from .replay import Recorder
 from .report import RankReport
 
 
-def measure_step(config, layout, stage, names, model, every_microbatch=False) -> RankReport:
+def measure_step(config, layout, stage, names, model, every_microbatch=False,
+                 real=False) -> RankReport:
     """Run one step of ``model`` (pipeline rank ``stage`` of ``layout``, built by `plan_order`;
     an ``nn.ModuleList`` of its stages when interleaved) under fake tensors and read the
     `RankReport` off it; ``names``: ``{group name: mesh axis}`` (`mesh.group_names`). A
     pipeline's step is measured with a few microbatches and replayed in its schedule's order
-    (`replay`), or with ``every_microbatch`` run whole (slow at real sizes; equal to the byte)."""
+    (`replay`), or with ``every_microbatch`` run whole (slow at real sizes; equal to the byte).
+    ``real``: the same step with real tensors, on a rank of a real process group (`real_ranks`):
+    the parameters get real memory and small random values instead of fake storage."""
     rank, dims = rank_of({"pp": stage}, layout.mesh_shape), layout.mesh_shape
     chunks = list(model) if isinstance(model, torch.nn.ModuleList) else [model]
     b, s = layout.micro_batch, layout.seq_len // layout.cp
@@ -43,8 +46,13 @@ def measure_step(config, layout, stage, names, model, every_microbatch=False) ->
     flops, comms = LocalFlops(), Collectives(names)
     last = stage == layout.pp - 1
     parallel_loss = last and layout.tp > 1 and layout.loss_parallel
-    with _torch_simulation.fake_tensors(), _torch_simulation.unseen_shape_propagation():
+    tensors = contextlib.nullcontext() if real else _torch_simulation.fake_tensors()
+    with tensors, _torch_simulation.unseen_shape_propagation():
         model.to_empty(device="cpu")
+        if real:  # to_empty's memory holds anything: values a step can compute with
+            with torch.no_grad():
+                for p in model.parameters():
+                    _torch.local_tensor(p).normal_(0.0, 0.02)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         _steady_state(model, optimizer)
         tracker = _torch_simulation.rank_peak_tracker()

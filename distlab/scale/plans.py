@@ -141,11 +141,32 @@ def selective_policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def alternate_contexts():
+    """A block's selective-checkpointing contexts for "op-selective-alternate", torchtitan's
+    policy of December 2024 (``_get_custom_policy`` in its ``activation_checkpoint.py``): as
+    `selective_policy`, but of the matmuls only the 1st, 3rd, 5th, ... of each forward are kept
+    (counted apart in the forward and in backward's recomputation, which must agree)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, op, *args, **kwargs):
+        if op == torch.ops.aten.mm.default:
+            mode = "recompute" if ctx.is_recompute else "forward"
+            counts[mode] += 1
+            if counts[mode] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return selective_policy(ctx, op, *args, **kwargs)
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def apply_checkpointing(module, how: str):
     """"full" recomputes every block in backward (keeps its input); "selective" (Megatron-LM's,
     Korthikanti et al.'s) recomputes attention's core, softmax(q k^T) v, and keeps its inputs:
     with flash attention the scores are never kept anyway, so it saves only the log-sum-exp;
-    "op-selective" (torchtitan's kind) recomputes every op but `selective_policy`'s."""
+    "op-selective" recomputes every op but `selective_policy`'s (every matmul's output kept);
+    "op-selective-alternate" (torchtitan's) keeps every other matmul's (`alternate_contexts`)."""
     if how == "none":
         return
     if how == "selective":
@@ -159,10 +180,11 @@ def apply_checkpointing(module, how: str):
             wrapped = _torch.checkpoint_wrapper(block, checkpoint_fn=checkpoint,
                                                 use_reentrant=False)
         else:
+            contexts = (alternate_contexts if how == "op-selective-alternate" else
+                        functools.partial(create_selective_checkpoint_contexts,
+                                          selective_policy))
             wrapped = _torch.checkpoint_wrapper(
-                block, checkpoint_fn=checkpoint, use_reentrant=False,
-                context_fn=functools.partial(create_selective_checkpoint_contexts,
-                                             selective_policy),
+                block, checkpoint_fn=checkpoint, use_reentrant=False, context_fn=contexts,
                 **_torch.sac_options())
         module.layers[name] = wrapped
 

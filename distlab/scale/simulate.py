@@ -29,7 +29,7 @@ from .pipeline import chunk_indices
 from .plan_order import build_stage
 from .report import RankReport
 
-__all__ = ["RankReport", "simulate_rank", "simulated"]
+__all__ = ["RankReport", "build_rank", "simulate_rank", "simulated"]
 
 
 @contextlib.contextmanager
@@ -52,18 +52,29 @@ def simulated(model, layout: Layout, stage: int = 0):
         with _torch_simulation.fake_world(rank, layout.world_size), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # FSDP's and DTensor's notes about fake/meta tensors
             mesh = meshes.build(layout)
-            chunks, layers = [], ()
-            for index in chunk_indices(layout, stage):
-                chunk, chunk_layers, dp_mesh = build_stage(config, layout, index, mesh)
-                chunks.append(chunk)
-                layers += chunk_layers
-            # one stage: its model; interleaved: the rank's stages, in order
-            stage_model = chunks[0] if len(chunks) == 1 else torch.nn.ModuleList(chunks)
-            stage_model.layer_ids, stage_model.dp_mesh = layers, dp_mesh
-            stage_model.pp_group = mesh["pp"].get_group() if layout.pp > 1 else None
-            yield stage_model, mesh
+            yield build_rank(config, layout, stage, mesh), mesh
     finally:
         _torch_simulation.forget_dtensor_caches()
+
+
+def build_rank(config: Transformer, layout: Layout, stage: int, mesh):
+    """What pipeline rank ``stage`` holds, built on the meta device and laid out on ``mesh`` (a
+    fake process group's, or a real one's: `real_ranks`): its stage's model (with
+    ``virtual_stages`` > 1, an ``nn.ModuleList`` of its stages), with ``layer_ids``,
+    ``dp_mesh`` (FSDP's mesh) and ``pp_group`` (None without pipelining) set on it.
+
+    Raises: CalculatorError, as `simulate_rank`."""
+    _check(config, layout, stage)
+    chunks, layers = [], ()
+    for index in chunk_indices(layout, stage):
+        chunk, chunk_layers, dp_mesh = build_stage(config, layout, index, mesh)
+        chunks.append(chunk)
+        layers += chunk_layers
+    # one stage: its model; interleaved: the rank's stages, in order
+    stage_model = chunks[0] if len(chunks) == 1 else torch.nn.ModuleList(chunks)
+    stage_model.layer_ids, stage_model.dp_mesh = layers, dp_mesh
+    stage_model.pp_group = mesh["pp"].get_group() if layout.pp > 1 else None
+    return stage_model
 
 
 def simulate_rank(model, layout: Layout, stage: int = 0, *,
