@@ -123,12 +123,12 @@ def main() -> None:
     print(f"predicted peak (allocated, memory_per_device) against measured max reserved "
           f"({SOURCE}), GiB")
     print("predicted: PyTorch eager, bf16-fsdp2, loss upcast to fp32; no fitted factor\n")
-    print(f"{'table':>5}  {'layout':38}{'predicted':>10}{'measured':>10}{'ratio':>7}  status")
+    print(f"{'table':>5}  {'layout':42}{'predicted':>10}{'measured':>10}{'ratio':>7}  status")
     for row, est, gib, ratio in table():
         status = "modelled" if row.modelled else "not modelled: " + ", ".join(
             u.split(":")[0] for u in row.unmodelled)
         stage = f" (stage {est.stage})" if est.pp > 1 else ""
-        print(f"{row.table:>5}  {row.label + stage:38}{gib:10.1f}{row.measured_gib:10.1f}"
+        print(f"{row.table:>5}  {row.label + stage:42}{gib:10.1f}{row.measured_gib:10.1f}"
               f"{ratio:7.2f}  {status}")
     print("\nnot modelled, and what it changes:")
     for what in (COMPILE, FLOAT8, ASYNC_TP):

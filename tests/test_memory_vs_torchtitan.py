@@ -49,10 +49,14 @@ def test_the_405b_rows_are_within_their_stated_bounds():
     which holds more (compile alone saved 5.4 GiB in Table 1), so a ratio a little above 1 is
     possible there. The 1F1B row was 0.35 before the unsharded fp32 gradients, the loss's
     transients, torchtitan's microbatch size, the pipeline's buffers and the embedding's whole
-    gradient were counted (0.78 without the last)."""
+    gradient were counted (0.78 without the last). The interleaved row was 1.03, a ratio no
+    allocated figure can have against a reserved one: the calculator added both of a rank's
+    stages' gathered parameters and fp32 gradients as if alive at once, 28-40% above PyTorch's
+    schedule run on simulated ranks; walked along torch's order it is within 4% of it, and
+    what compile, Float8 and async TP change is then what remains (0.78)."""
     ratios = {row.label: ratio for row, _, _, ratio in bench.table()}
     assert 0.85 <= ratios["405B 3D, 1F1B"] <= 1.0
-    assert 0.95 <= ratios["405B 3D, Interleaved1F1B (v=2)"] <= 1.10
+    assert 0.75 <= ratios["405B 3D, Interleaved1F1B (v=2)"] <= 0.9
 
 
 def test_reshard_after_forward_false_keeps_every_unit_gathered():
