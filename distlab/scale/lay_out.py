@@ -25,6 +25,16 @@ from .report import RankReport
 __all__ = ["LaidOut", "distinct_stages", "lay_out"]
 
 
+def _ranges(layers) -> str:
+    """``(0, 1, 2, 63, 64)`` as ``"0-2, 63-64"``: an interleaved rank's stages apart."""
+    out, start = [], 0
+    for i in range(1, len(layers) + 1):
+        if i == len(layers) or int(layers[i]) != int(layers[i - 1]) + 1:
+            out.append(f"{layers[start]}-{layers[i - 1]}")
+            start = i
+    return ", ".join(out)
+
+
 def distinct_stages(layers: int, pp: int) -> list[int]:
     """The pipeline stages whose ranks differ: the first, the last, and one of the middle ones
     for each layer count they have."""
@@ -69,7 +79,7 @@ class LaidOut:
         head = [f"{self.model.name} on {self.layout.text()}"]
         cols = [f"stage {r.stage}" + (f" (of {self.layout.pp})" if r.stage == 0 else "")
                 for r in self.ranks]
-        rows = [("layers", [f"{r.layers[0]}-{r.layers[-1]}" for r in self.ranks]),
+        rows = [("layers", [_ranges(r.layers) for r in self.ranks]),
                 ("parameters held", [f"{r.numel:,}" for r in self.ranks])]
         for label, attr in (("params GB", "params"), ("grads GB", "grads"),
                             ("Adam state GB", "optimizer")):
