@@ -296,9 +296,9 @@ def _draw_model(rng):
 
 def _draw_choices(n: int = 6):
     """(model, capacity) cases, yielded as drawn: capacities between two pipeline sizes' worst
-    peaks (the first exactly at the answer's: "at most" includes it), among them one where the
-    last stage decides and one where the first does, then one where no pipeline of `PP_TRIED`
-    fits."""
+    peaks (the first exactly at the answer's: "at most" includes it), among them one where a
+    later stage decides (a middle one, a layer heavier when the layers do not split evenly, or
+    the last) and one where the first does, then one where no pipeline of `PP_TRIED` fits."""
     rng = random.SystemRandom()
     found, first_decides, last_decides = 0, False, False
     for _ in range(400):
@@ -313,12 +313,18 @@ def _draw_choices(n: int = 6):
         worst, fewer = max(_peaks(model, pp)), max(_peaks(model, before))
         if worst >= fewer:
             continue  # one stage more does not help here: not a question with one answer
+        peaks = _peaks(model, before)
+        rest = max(peaks[1:])  # a later stage: a middle one has a layer more, the last the loss
         capacity = worst if found == 0 else rng.randrange(worst, fewer)
+        for needed, heavy, light in ((not last_decides, rest, peaks[0]),
+                                     (not first_decides, peaks[0], rest)):
+            if found and needed and heavy > max(worst, light):  # aim at a case still missing
+                capacity = rng.randrange(max(worst, light), heavy)
+                break
         if fewest_stages_truth(model, capacity) != pp:
             continue
-        peaks = _peaks(model, before)
-        decides_last = peaks[-1] > capacity >= peaks[0]
-        decides_first = peaks[0] > capacity >= peaks[-1]
+        decides_last = rest > capacity >= peaks[0]
+        decides_first = peaks[0] > capacity >= rest
         if found >= n - 1 and not (decides_last and not last_decides
                                    or decides_first and not first_decides):
             continue
