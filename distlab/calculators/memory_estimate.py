@@ -68,7 +68,7 @@ widgets.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._config import check_int
 from ._text import GB, CalculatorError, Printed, choice, divisors, one_of, positive_int
@@ -147,7 +147,7 @@ class MemoryEstimate(Printed):
     loss_transient: int = 0
     buffers: int = 0
     embedding_grad: int = 0
-    chunks: tuple = ()
+    chunks: tuple = field(default=(), repr=False)
 
     @property
     def total(self) -> int:
@@ -180,8 +180,10 @@ class MemoryEstimate(Printed):
         Against PyTorch's own code on simulated ranks (bench/calculator_vs_simulation.py,
         notebook 25) it is within 4% without checkpointing and within 13% with it; against
         torchtitan's measured H100 runs, bench/memory_vs_torchtitan.py."""
-        if self.virtual_stages > 1:
-            return self._walk()
+        if self.virtual_stages > 1:  # moment by moment along torch's order, stage by stage
+            from .pipeline import interleaved_peak
+
+            return interleaved_peak(self)
         grads = self.unsharded_grads or self.grads
         held = (self.params + self.optimizer + self.activations + self.gathered
                 + self.buffers)
@@ -193,48 +195,6 @@ class MemoryEstimate(Printed):
         # freed the last step's), unless accumulated unsharded from earlier microbatches
         loss = held + self.unsharded_grads + self.loss_transient
         return max(backward, loss)
-
-    def _walk(self) -> int:
-        """The peak of an interleaved rank, moment by moment along torch's order: each of its
-        stages (``chunks``) holds its parameters gathered from its first forward to its last
-        backward, its unsharded gradients from its first backward to its last (then
-        reduce-scattered to its shard), and a microbatch's activations from that forward to its
-        backward. Adding the largest parts (the formula for one stage per rank) would count
-        every stage's gathered parameters and gradients as alive at once, which the schedule
-        never holds: on Llama-3 405B at PP 8 x v 2 that overestimated PyTorch's own schedule
-        (simulated) by 28-40%."""
-        from .pipeline import _interleaved
-
-        p, chunks = self.pp, self.chunks
-        order = _interleaved(self.stage, p, self.microbatches or p, self.virtual_stages)
-        last_b = {stage // p: i for i, (kind, stage, _) in enumerate(order) if kind == "B"}
-        unsharded = sum(c.unsharded for c in chunks) or 1
-        shard = [self.grads * c.unsharded // unsharded for c in chunks]
-        started, backward = set(), set()
-        activations = peak = 0
-        base = self.params + self.optimizer + self.buffers
-        for i, (kind, stage, _) in enumerate(order):
-            c = stage // p
-            chunk = chunks[c]
-            if kind == "F":
-                started.add(c)
-                activations += chunk.per_microbatch
-            else:
-                backward.add(c)
-            done = {k for k in backward if last_b[k] < i}
-            gathered = sum(chunks[k].gathered for k in started - done)
-            grads = self.grads
-            if self.unsharded_grads:
-                grads = (sum(chunks[k].unsharded for k in backward - done)
-                         + sum(shard[k] for k in done))
-            now = base + gathered + grads + activations
-            if kind == "F":
-                peak = max(peak, now + chunk.loss_transient)
-            else:
-                late = max(self.recomputed, chunk.embedding_grad - chunk.per_microbatch, 0)
-                peak = max(peak, now + late)
-                activations -= chunk.per_microbatch
-        return peak
 
     @property
     def _late(self) -> int:
@@ -460,11 +420,20 @@ def memory_per_device(
     if isinstance(m, Transformer) and stage == pp - 1:
         transient = loss_transient(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
                                    loss=loss, loss_parallel=loss_parallel)
-    chunks = _chunks(m, v=virtual_stages, microbatches=microbatches or pp, zero=zero,
-                     reshard_after_forward=bool(reshard_after_forward),
-                     accumulating=accumulating, checkpointing=checkpointing, **kw)
-    if chunks:  # each of the rank's stages receives its own
-        buffers = sum(c.buffers for c in chunks)
+    chunks = ()
+    if virtual_stages > 1 and isinstance(m, Transformer):
+        # each of the rank's stages (r, r + pp, ...) as a stage of a pp x v pipeline, as
+        # `distlab.scale` lays an interleaved pipeline out; the peak walks them
+        chunks = tuple(
+            memory_per_device(m, dp=dp, tp=tp, pp=pp * virtual_stages, cp=cp, ep=ep, zero=zero,
+                              precision=precision, checkpointing=checkpointing, seq_len=seq_len,
+                              micro_batch=micro_batch, sequence_parallel=sequence_parallel,
+                              attention=attention, stage=g, microbatches=microbatches or pp,
+                              loss_parallel=loss_parallel,
+                              reshard_after_forward=reshard_after_forward,
+                              implementation=implementation, loss=loss, grad_sync=grad_sync)
+            for g in range(stage, pp * virtual_stages, pp))
+        buffers = sum(c.buffers for c in chunks)  # each of the rank's stages receives its own
     return MemoryEstimate(
         model=m, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, precision=precision,
         checkpointing=checkpointing, seq_len=seq_len, micro_batch=micro_batch,
@@ -483,55 +452,6 @@ def memory_per_device(
         loss_transient=transient, buffers=buffers, embedding_grad=embedding_grad,
         chunks=chunks,
     )
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One of an interleaved rank's stages, as `MemoryEstimate.peak` walks them: bytes of one
-    microbatch's activations, of its parameters gathered, of its gradients accumulated
-    unsharded (0 when they are reduce-scattered every microbatch), of its receive buffers, of
-    the loss's transients (the model's last stage) and of the embedding's whole gradient (its
-    first stage, with TP)."""
-
-    per_microbatch: int
-    gathered: int
-    unsharded: int
-    buffers: int
-    loss_transient: int = 0
-    embedding_grad: int = 0
-
-
-def _chunks(m, *, pp, stage, v, microbatches, zero, precision, ep, reshard_after_forward,
-            accumulating, checkpointing, **kw) -> tuple:
-    """With v stages per rank: each of them as a stage of a ``pp * v`` pipeline (rank ``stage``
-    holds stages ``stage``, ``stage + pp``, ...; the layers split as `stage_layers` splits
-    them, as `distlab.scale` lays an interleaved pipeline out)."""
-    if v == 1 or not isinstance(m, Transformer):
-        return ()
-    out, n, tp = [], pp * v, kw["tp"]
-    for g in range(stage, n, pp):
-        at = dict(kw, pp=n, stage=g, ep=ep, precision=precision)
-        terms = _activation_terms(m, checkpointing=checkpointing, **at)
-        terms, buffers = _pipeline_terms(m, terms, microbatches=microbatches, **at)
-        dense, expert = m.shard(tp, n, stage=g)
-        unsharded = (dense + expert // ep) * PRECISIONS[precision][1] if accumulating else 0
-        embedding = 0
-        if g == 0 and tp > 1:  # as memory_per_device counts it
-            whole, mine = m.vocab * m.hidden, m.vocab // tp * m.hidden
-            embedding = whole * ACTIVATION_BYTES[precision]
-            if accumulating:
-                unsharded += (whole - mine) * PRECISIONS[precision][1]
-        transient = 0
-        if g == n - 1:
-            transient = loss_transient(m, seq_len=kw["seq_len"], micro_batch=kw["micro_batch"],
-                                       tp=tp, cp=kw["cp"], loss=kw["loss"],
-                                       loss_parallel=kw["loss_parallel"])
-        out.append(Chunk(
-            per_microbatch=sum(b for _, b in terms),
-            gathered=_gathered(m, tp, n, g, zero, precision, ep, reshard_after_forward),
-            unsharded=unsharded, buffers=buffers, loss_transient=transient,
-            embedding_grad=embedding))
-    return tuple(out)
 
 
 def _pipeline_terms(m, terms, *, stage, microbatches, tp, pp, cp, seq_len, micro_batch, sp,
