@@ -28,3 +28,13 @@ class Answer:
     why: str  #: the mistake, as a learner would make it ("forgot to divide by the world size")
     code: str  #: the learner's cell (it defines the names the grader takes)
     says: str | None  #: text the ✗ verdict must contain; RIGHT: the verdict must be ✓
+
+
+def variant(solution: str, *changes: tuple[str, str]) -> str:
+    """``solution`` with each ``(old, new)`` replaced in turn: a wrong answer written as what
+    differs from the right one (each ``old`` must be there, so a solution edited later cannot
+    leave a row testing nothing)."""
+    for old, new in changes:
+        assert old in solution, old
+        solution = solution.replace(old, new)
+    return solution

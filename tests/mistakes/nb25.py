@@ -2,7 +2,7 @@
 
 from distlab.exercises import nb25
 
-from . import RIGHT, Answer
+from . import RIGHT, Answer, variant
 
 GRADERS = {
     1: (nb25.exercise_1, ["state_bytes"]),
@@ -54,13 +54,11 @@ def fewest_stages(model, capacity):
 
 
 def _variant_3(old: str, new: str) -> str:
-    assert old in _SOLUTION_3, old
-    return _SOLUTION_3.replace(old, new)
+    return variant(_SOLUTION_3, (old, new))
 
 
 def _variant(old: str, new: str) -> str:
-    assert old in _SOLUTION_1, old
-    return _SOLUTION_1.replace(old, new)
+    return variant(_SOLUTION_1, (old, new))
 
 
 ANSWERS = [

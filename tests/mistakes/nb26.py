@@ -2,7 +2,7 @@
 
 from distlab.exercises import nb26
 
-from . import RIGHT, Answer
+from . import RIGHT, Answer, variant
 
 GRADERS = {
     1: (nb26.exercise_1, ["mesh_groups"]),
@@ -25,48 +25,35 @@ def step_traffic(rank, pp, dp, tp):
 """
 
 
+_GROUPS = """
+def mesh_groups(pp, dp, tp):
+    rank = lambda p, d, t: (p * dp + d) * tp + t
+    return {"pp": [[rank(p, d, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
+            "dp": [[rank(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
+            "tp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]}
+"""
+_RANK = "rank = lambda p, d, t: (p * dp + d) * tp + t"
+_DP = '"dp": [[rank(p, d, t) for d in range(dp)]'
+
+
 def _traffic(old: str, new: str) -> str:
-    assert old in _TRAFFIC, old
-    return _TRAFFIC.replace(old, new)
+    return variant(_TRAFFIC, (old, new))
 
 
 ANSWERS = [
-    Answer(1, "the solution", """
-def mesh_groups(pp, dp, tp):
-    rank = lambda p, d, t: (p * dp + d) * tp + t
-    return {"pp": [[rank(p, d, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
-            "dp": [[rank(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
-            "tp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]}
-""", RIGHT),
-    Answer(1, "the 2-D answer: dp groups across the whole pipeline", """
-def mesh_groups(pp, dp, tp):
-    rank = lambda p, d, t: (p * dp + d) * tp + t
-    return {"pp": [[rank(p, d, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
-            "dp": [[r for r in range(pp * dp * tp) if r % tp == t] for t in range(tp)],
-            "tp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]}
-""", "a dp group stays inside one pipeline stage"),
-    Answer(1, "column-major: pp innermost", """
-def mesh_groups(pp, dp, tp):
-    rank = lambda p, d, t: (t * dp + d) * pp + p
-    return {"pp": [[rank(p, d, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
-            "dp": [[rank(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
-            "tp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]}
-""", "the pp groups should be"),
-    Answer(1, "pp and tp swapped", """
-def mesh_groups(pp, dp, tp):
-    rank = lambda p, d, t: (p * dp + d) * tp + t
-    return {"tp": [[rank(p, d, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
-            "dp": [[rank(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
-            "pp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]}
-""", "the pp groups should be"),
-    Answer(1, "groups in reverse order within", """
-def mesh_groups(pp, dp, tp):
-    rank = lambda p, d, t: (p * dp + d) * tp + t
-    return {"pp": [[rank(p, d, t) for p in reversed(range(pp))] for d in range(dp)
-                   for t in range(tp)],
-            "dp": [[rank(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
-            "tp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]}
-""", "in another order"),
+    Answer(1, "the solution", _GROUPS, RIGHT),
+    Answer(1, "the 2-D answer: dp groups across the whole pipeline", variant(_GROUPS, (
+        _DP + " for p in range(pp) for t in range(tp)]",
+        '"dp": [[r for r in range(pp * dp * tp) if r % tp == t] for t in range(tp)]')),
+        "a dp group stays inside one pipeline stage"),
+    Answer(1, "column-major: pp innermost", variant(_GROUPS, (
+        _RANK, "rank = lambda p, d, t: (t * dp + d) * pp + p")), "the pp groups should be"),
+    Answer(1, "pp and tp swapped", variant(
+        _GROUPS, ('return {"pp":', 'return {"tp":'),
+        ('"tp": [[rank(p, d, t) for t in', '"pp": [[rank(p, d, t) for t in')),
+        "the pp groups should be"),
+    Answer(1, "groups in reverse order within", variant(_GROUPS, (
+        "for p in range(pp)] for d", "for p in reversed(range(pp))] for d")), "in another order"),
     Answer(1, "the notebook's 2x2x2 mesh hard-coded", """
 def mesh_groups(pp, dp, tp):
     return {"pp": [[0, 4], [1, 5], [2, 6], [3, 7]], "dp": [[0, 2], [1, 3], [4, 6], [5, 7]],
@@ -76,28 +63,14 @@ def mesh_groups(pp, dp, tp):
 def mesh_groups(pp, dp, tp):
     return {"pp": {0}, "dp": {0}, "tp": {0}}
 """, "should be a list of groups"),
-    Answer(1, "dp groups listed in reverse mesh order", """
-def mesh_groups(pp, dp, tp):
-    rank = lambda p, d, t: (p * dp + d) * tp + t
-    return {"pp": [[rank(p, d, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
-            "dp": [[rank(p, d, t) for d in reversed(range(dp))] for p in range(pp)
-                   for t in range(tp)],
-            "tp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]}
-""", "the right ranks, in another order"),
-    Answer(1, "float ranks from / (world / pp)", """
-def mesh_groups(pp, dp, tp):
-    world = pp * dp * tp
-    rank = lambda p, d, t: p * (world / pp) + d * tp + t
-    return {"pp": [[rank(p, d, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
-            "dp": [[rank(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
-            "tp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]}
-""", "ranks are ints: 4.0 is not rank 4"),
-    Answer(1, "a table of the six meshes the old check tried, the notebook's as fallback", """
-def _right(pp, dp, tp):
-    rank = lambda p, d, t: (p * dp + d) * tp + t
-    return {"pp": [[rank(p, d, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
-            "dp": [[rank(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
-            "tp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]}
+    Answer(1, "dp groups listed in reverse mesh order", variant(_GROUPS, (
+        _DP, '"dp": [[rank(p, d, t) for d in reversed(range(dp))]')),
+        "the right ranks, in another order"),
+    Answer(1, "float ranks from / (world / pp)", variant(_GROUPS, (
+        _RANK, "rank = lambda p, d, t: p * (pp * dp * tp / pp) + d * tp + t")),
+        "ranks are ints: 4.0 is not rank 4"),
+    Answer(1, "a table of the six meshes the old check tried, the notebook's as fallback",
+           variant(_GROUPS, ("def mesh_groups(", "def _right(")) + """
 SEEN = {s: _right(*s) for s in ((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 4, 1), (3, 2, 2), (2, 3, 4))}
 def mesh_groups(pp, dp, tp):
     return SEEN.get((pp, dp, tp), SEEN[2, 2, 2])
@@ -146,14 +119,8 @@ def step_traffic(rank, pp, dp, tp):
     return {"send": [rank ^ 4], "recv": [rank ^ 4], "all_reduce": sorted([rank, rank ^ 1]),
             "all_gather": sorted([rank, rank ^ 2]), "reduce_scatter": sorted([rank, rank ^ 2])}
 """, "step_traffic("),
-    Answer(2, "a table of every case tried, pasted from ✗ messages, the notebook's as fallback", """
-def _right(rank, pp, dp, tp):
-    p, d, t = rank // (dp * tp), rank // tp % dp, rank % tp
-    at = lambda p, d, t: (p * dp + d) * tp + t
-    peers = [at(q, d, t) for q in (p - 1, p + 1) if 0 <= q < pp]
-    return {"send": peers, "recv": peers, "all_reduce": [at(p, d, u) for u in range(tp)],
-            "all_gather": [at(p, e, t) for e in range(dp)],
-            "reduce_scatter": [at(p, e, t) for e in range(dp)]}
+    Answer(2, "a table of every case tried, pasted from ✗ messages, the notebook's as fallback",
+           variant(_TRAFFIC, ("def step_traffic(", "def _right(")) + """
 SEEN = {(r, *s): _right(r, *s) for s in ((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 4, 1), (3, 2, 2),
                                          (2, 3, 4)) for r in range(s[0] * s[1] * s[2])}
 def step_traffic(rank, pp, dp, tp):

@@ -2,13 +2,33 @@
 
 from distlab.exercises import nb27
 
-from . import RIGHT, Answer
+from . import RIGHT, Answer, variant
 
 GRADERS = {
     1: (nb27.exercise_1, ["checkpoint_interval"]),
     2: (nb27.exercise_2, ["find_straggler"]),
     3: (nb27.exercise_3, ["entered_last"]),
 }
+
+_ENTERED = """
+def entered_last(dumps):
+    entered = {}
+    for rank, dump in enumerate(dumps):
+        for e in dump["entries"]:
+            key = (e["process_group"][0], e["collective_seq_id"])
+            entered.setdefault(key, {})[rank] = e["time_created_ns"]
+    return {key: max(times, key=times.get) for key, times in entered.items()
+            if len(times) == len(dumps)}
+"""
+_PAIRED = """
+def entered_last(dumps):
+    out = {}
+    for row in zip(*(d["entries"] for d in dumps)):
+        times = [e["time_created_ns"] for e in row]
+        out[(row[0]["process_group"][0], row[0]["collective_seq_id"])] = times.index(max(times))
+    return out
+"""
+_KEEP = "\n            if len(times) == len(dumps)}"
 
 ANSWERS = [
     Answer(1, "the solution", """
@@ -89,88 +109,24 @@ import statistics
 def find_straggler(times):
     return str(max(times, key=lambda r: statistics.median(b for b, _ in times[r])))
 """, "should return a rank (an int)"),
-    Answer(3, "the solution: by group and call number, the largest entry time", """
-def entered_last(dumps):
-    entered = {}
-    for rank, dump in enumerate(dumps):
-        for e in dump["entries"]:
-            key = (e["process_group"][0], e["collective_seq_id"])
-            entered.setdefault(key, {})[rank] = e["time_created_ns"]
-    return {key: max(times, key=times.get) for key, times in entered.items()
-            if len(times) == len(dumps)}
-""", RIGHT),
-    Answer(3, "the entries paired by their place in the buffers", """
-def entered_last(dumps):
-    out = {}
-    for row in zip(*(d["entries"] for d in dumps)):
-        times = [e["time_created_ns"] for e in row]
-        out[(row[0]["process_group"][0], row[0]["collective_seq_id"])] = times.index(max(times))
-    return out
-""", "match them by group and call number"),
-    Answer(3, "the rank that entered first", """
-def entered_last(dumps):
-    entered = {}
-    for rank, dump in enumerate(dumps):
-        for e in dump["entries"]:
-            key = (e["process_group"][0], e["collective_seq_id"])
-            entered.setdefault(key, {})[rank] = e["time_created_ns"]
-    return {key: min(times, key=times.get) for key, times in entered.items()
-            if len(times) == len(dumps)}
-""", "entered *first*"),
-    Answer(3, "the call number alone, groups mixed up", """
-def entered_last(dumps):
-    entered = {}
-    for rank, dump in enumerate(dumps):
-        for e in dump["entries"]:
-            entered.setdefault(e["collective_seq_id"], {})[rank] = e["time_created_ns"]
-    return {seq: max(times, key=times.get) for seq, times in entered.items()
-            if len(times) == len(dumps)}
-""", "call numbers start at 1 again in every group"),
-    Answer(3, "calls some rank no longer holds kept", """
-def entered_last(dumps):
-    entered = {}
-    for rank, dump in enumerate(dumps):
-        for e in dump["entries"]:
-            key = (e["process_group"][0], e["collective_seq_id"])
-            entered.setdefault(key, {})[rank] = e["time_created_ns"]
-    return {key: max(times, key=times.get) for key, times in entered.items()}
-""", "leave out the calls some rank no longer holds"),
-    Answer(3, "the group's description instead of its name, with the call number", """
-def entered_last(dumps):
-    entered = {}
-    for rank, dump in enumerate(dumps):
-        for e in dump["entries"]:
-            key = (e["process_group"][1], e["collective_seq_id"])
-            entered.setdefault(key, {})[rank] = e["time_created_ns"]
-    return {key: max(times, key=times.get) for key, times in entered.items()
-            if len(times) == len(dumps)}
-""", "no rank recorded"),
-    Answer(3, "the latest time instead of the rank", """
-def entered_last(dumps):
-    entered = {}
-    for rank, dump in enumerate(dumps):
-        for e in dump["entries"]:
-            key = (e["process_group"][0], e["collective_seq_id"])
-            entered.setdefault(key, {})[rank] = e["time_created_ns"]
-    return {key: max(times.values()) for key, times in entered.items()
-            if len(times) == len(dumps)}
-""", "each value should be a rank, 0 to"),
-    Answer(3, "a list of pairs instead of a dict", """
-def entered_last(dumps):
-    entered = {}
-    for rank, dump in enumerate(dumps):
-        for e in dump["entries"]:
-            key = (e["process_group"][0], e["collective_seq_id"])
-            entered.setdefault(key, {})[rank] = e["time_created_ns"]
-    return [(key, max(times, key=times.get)) for key, times in entered.items()
-            if len(times) == len(dumps)]
-""", "should return a dict"),
-    Answer(3, "the entries paired counting from the newest", """
-def entered_last(dumps):
-    out = {}
-    for row in zip(*(d["entries"][::-1] for d in dumps)):
-        times = [e["time_created_ns"] for e in row]
-        out[(row[0]["process_group"][0], row[0]["collective_seq_id"])] = times.index(max(times))
-    return out
-""", "buffers end at different calls too"),
+    Answer(3, "the solution: by group and call number, the largest entry time", _ENTERED, RIGHT),
+    Answer(3, "the entries paired by their place in the buffers", _PAIRED,
+           "match them by group and call number"),
+    Answer(3, "the rank that entered first", variant(_ENTERED, (
+        "max(times, key=times.get)", "min(times, key=times.get)")), "entered *first*"),
+    Answer(3, "the call number alone, groups mixed up", variant(_ENTERED, (
+        'key = (e["process_group"][0], e["collective_seq_id"])', 'key = e["collective_seq_id"]')),
+        "call numbers start at 1 again in every group"),
+    Answer(3, "calls some rank no longer holds kept", variant(_ENTERED, (_KEEP, "}")),
+           "leave out the calls some rank no longer holds"),
+    Answer(3, "the group's description instead of its name, with the call number", variant(
+        _ENTERED, ('e["process_group"][0]', 'e["process_group"][1]')), "no rank recorded"),
+    Answer(3, "the latest time instead of the rank", variant(_ENTERED, (
+        "max(times, key=times.get)", "max(times.values())")), "each value should be a rank, 0 to"),
+    Answer(3, "a list of pairs instead of a dict", variant(
+        _ENTERED, ("return {key: max(times, key=times.get) for",
+                   "return [(key, max(times, key=times.get)) for"),
+        (_KEEP, "\n            if len(times) == len(dumps)]")), "should return a dict"),
+    Answer(3, "the entries paired counting from the newest", variant(_PAIRED, (
+        'd["entries"] for d', 'd["entries"][::-1] for d')), "buffers end at different calls too"),
 ]
