@@ -115,7 +115,12 @@ def exercise_2(find_straggler) -> None:
 
     r = random.SystemRandom()
     for _ in range(CASES):
-        times, straggler, hiccup = draw_job(r)
+        while True:  # a job where the longest median wait is not the hiccup's, so that each
+            # wrong way of reading the times names a rank of its own (and gets its own message)
+            times, straggler, hiccup = draw_job(r)
+            waits = {k: statistics.median(i for _, i in v) for k, v in times.items()}
+            if max(waits, key=waits.get) != hiccup:
+                break
         got = find_straggler(_copy(times))
         world, steps = len(times), len(times[0])
         what = f"a job of {world} ranks, {steps} steps"
@@ -129,7 +134,6 @@ def exercise_2(find_straggler) -> None:
                 f"{what}: you named rank {got}, which had one bad step and is fast at the "
                 "others; the straggler is slow at every step (a mean, a maximum or the first step "
                 "lets one step decide: take the median)")
-        waits = {k: statistics.median(i for _, i in v) for k, v in times.items()}
         if got == max(waits, key=waits.get):
             raise AssertionError(
                 f"{what}: you named rank {got}, which waits the longest inside the "
