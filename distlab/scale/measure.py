@@ -72,9 +72,10 @@ def measure_step(config, layout, stage, names, model, every_microbatch=False,
             if layout.pp > 1:
                 step = PipelineStep(chunks, layout, stage, model.pp_group, config, act_dtype)
                 microbatches = step.microbatches
-                in_flight = pipeline_in_flight(step.order(loss_fn))
+                order = step.order(loss_fn)  # the schedule built once: counted, then replayed
+                in_flight = pipeline_in_flight(order)
                 recorder = None if every_microbatch else Recorder(tracker, flops, comms)
-                replayed = step.run(loss_fn, recorder)
+                replayed = step.run(loss_fn, recorder, order)
             else:
                 _accumulate(model, layout, config, loss_fn, first_forward)
                 in_flight, microbatches = 1, layout.accumulate

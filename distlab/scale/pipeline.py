@@ -152,7 +152,7 @@ class PipelineStep:
         schedule is built, not run)."""
         return order_of(self.schedule(loss_fn), self.rank)
 
-    def run(self, loss_fn, recorder: Recorder | None = None):
+    def run(self, loss_fn, recorder: Recorder | None = None, order=None):
         """One step: the whole batch (``microbatches x micro_batch`` sequences) through the
         schedule. Every rank is given the loss (torchtitan does too: a schedule without one
         runs forwards only); outputs are not kept for the caller (``return_outputs=False``,
@@ -162,14 +162,15 @@ class PipelineStep:
         With one: the step is measured with `MEASURED` microbatches (fewer if the step has
         fewer), each stage under GPipe (all forwards, then all backwards: the same
         `PipelineStage` calls a schedule makes, and what they do to FSDP), and the schedule's
-        own order is replayed from them; returns the `replay.Replayed` step."""
+        own order (``order``: this rank's, if the caller has it already) is replayed from them;
+        returns the `replay.Replayed` step."""
         if recorder is None:
             args, kwargs = self._batch(self.microbatches, self.first, self.last)
             self.schedule(loss_fn).step(*args, **kwargs, return_outputs=False)
             return None
         from torch.distributed.pipelining import ScheduleGPipe
 
-        order = self.order(loss_fn)
+        order = self.order(loss_fn) if order is None else order
         measured = min(self.microbatches, self.MEASURED)
         # the whole step's batch, as the real step holds it; each stage measured on its first
         # microbatches (views: nothing more allocated)
