@@ -211,11 +211,14 @@ def test_a_blocking_all_reduce_in_a_hook_scores_no_overlap_and_ddp_does(cluster)
         if variant != "ddp":
             assert tl.count("gloo:all_reduce") == [12, 12]  # 6 weights and 6 biases
         shares[variant] = _overlap_share(tl)
-    assert max(shares["blocking"]) < 0.05, shares  # every wait was inside AccumulateGrad
+    # Every wait was inside AccumulateGrad. What still counts as overlap is the collective's own
+    # dispatch (an op while the collective is under way): a few percent, more on a busy machine
+    # (6.4% measured once under make test beside another process; 2.6% on its peer).
+    assert max(shares["blocking"]) < 0.15, shares
     assert max(shares["after"]) < 0.05, shares
     # Buckets all-reduced while the backward went on. On a busy machine a rank that waits long
     # for its peer spends that wait after its backward has ended; the later rank does not.
-    assert max(shares["ddp"]) > 0.1, shares
+    assert max(shares["ddp"]) > max(0.1, 2 * max(shares["blocking"])), shares
 
 
 def test_collect_before_any_recording_says_what_to_run():
