@@ -119,6 +119,23 @@ def table() -> list[tuple]:
     return out
 
 
+def difference(a="8B FSDP 8", b="8B FSDP 128") -> dict:
+    """Two rows with the same model and local batch, apart only in how far the state is sharded:
+    whatever both hold alike (activations, the loss, the allocator's reserve over them) cancels
+    in their difference. GiB: the ``measured`` and ``predicted`` differences, the sharded
+    gradients' part of the difference (``grads``: fp32, 4 bytes a parameter, which the peak
+    does not hold: ``zero_grad(set_to_none=True)`` freed them before the loss), and the
+    difference if the peak held them too; ``left``: each row's measured GiB less its predicted
+    peak and its gradients."""
+    ra, rb = (next(r for r in ROWS if r.label == x) for x in (a, b))
+    ea, eb = predict(ra), predict(rb)
+    grads = (ea.grads - eb.grads) / GIB
+    predicted = (ea.peak - eb.peak) / GIB
+    left = tuple(r.measured_gib - (e.peak + e.grads) / GIB for r, e in ((ra, ea), (rb, eb)))
+    return {"measured": ra.measured_gib - rb.measured_gib, "predicted": predicted,
+            "grads": grads, "with_grads": predicted + grads, "left": left}
+
+
 def main() -> None:
     print(f"predicted peak (allocated, memory_per_device) against measured max reserved "
           f"({SOURCE}), GiB")
@@ -130,6 +147,15 @@ def main() -> None:
         stage = f" (stage {est.stage})" if est.pp > 1 else ""
         print(f"{row.table:>5}  {row.label + stage:42}{gib:10.1f}{row.measured_gib:10.1f}"
               f"{ratio:7.2f}  {status}")
+    d = difference()
+    print(f"\n8B FSDP 8 less FSDP 128 (same local batch: what both hold alike cancels): measured "
+          f"{d['measured']:.1f} GiB, predicted {d['predicted']:.1f}; the sharded fp32 gradients "
+          f"differ by {d['grads']:.1f}, which the predicted peak (at the loss, gradients freed) "
+          f"leaves out: with them {d['with_grads']:.1f}. The measured peaks hold them (in the "
+          "backward, or as the previous step's blocks kept reserved). What is left, "
+          f"{d['left'][0]:.1f} and {d['left'][1]:.1f} GiB, is alike in both: what they share "
+          "(activations' and the loss's transients in backward, the allocator's reserve over "
+          "them)")
     print("\nnot modelled, and what it changes:")
     for what in (COMPILE, FLOAT8, ASYNC_TP):
         print(f"  {what}")
