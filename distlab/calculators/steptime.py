@@ -22,7 +22,27 @@ Compute, per microbatch, on the slowest pipeline stage (`models.stage_layers`):
   other matmul's output, attention's and the reduce-scatters': about half the matmuls' forward
   again); "selective" (Megatron's: attention's core again); "full" (the whole forward again,
   with its tensor- and context-parallel collectives).
-Elementwise work (norms, SwiGLU's product, RoPE, the loss) and the optimizer step are not timed.
+- memory-bound kernels (``memory_bound``), at ``hbm_bandwidth`` (default H100 SXM's HBM3 peak,
+  3.35 TB/s: kernels reach less, so this time is a floor), **exposed** (they run between the
+  matmuls on the same stream):
+  "fused": each elementwise region one kernel that reads its inputs and writes its outputs
+  once, as Megatron-style fused kernels (and torch.compile) run them. Per layer forward: two
+  RMSNorms (read, write), two residual adds (read two, write one), RoPE on q and k, SwiGLU's
+  silu-and-product (read two, write one); backward: the norms (read input and gradient, write
+  one), the residual stream's gradient sums, RoPE, SwiGLU (read three, write two); the forward
+  again where ``checkpointing`` recomputes elementwise ops (torchtitan's op-level policies keep
+  only matmul and attention outputs: every elementwise op is recomputed; "selective" only
+  attention's core; "full" all). Norms and residuals on a sequence-parallel shard (1/tp of the
+  tokens). The last stage's loss as a fused cross-entropy (read the bf16 logits, write their
+  gradient). FSDP's copies (each gather's copy-out, bf16; each reduction's copy-in of the
+  unsharded gradients at ``grad_bytes``) and the optimizer's step (fused AdamW on the rank's
+  fp32 shards: read parameter, gradient and both moments, write three: 28 bytes a parameter),
+  per step. Gradient accumulation across microbatches is taken as fused into the weight
+  gradients' matmuls (Megatron's gradient_accumulation_fusion): no pass of its own.
+  "eager": every op of the simulated rank that is not a matmul, attention, a view or a
+  collective, as PyTorch eager runs it (one kernel each): ``report.moved`` per microbatch
+  (scaled to the slowest stage's layers) and ``report.optimizer_moved`` per step
+  (`distlab.scale.instruments.moved_bytes`); needs ``report``. "none": not timed.
 
 Communication: each collective's time is `comm.collective_time` (alpha-beta, ring) over a link,
 at the bandwidth NCCL measures (``bandwidth="measured"``, `Link.measured`) or the link's peak
@@ -47,7 +67,8 @@ collectives are those it recorded (kind, group size, bytes), in place of the for
 
 The bubble: GPipe and 1F1B idle (p-1)/(m+p-1) of the wall time, interleaved 1F1B with v stages
 per rank (p-1)/(v m+p-1) (`pipeline.Schedule.formula`). A step is m x (a microbatch's busy
-time) / (1 - bubble), plus FSDP's exposed time.
+time) / (1 - bubble), plus FSDP's exposed time and the per-step memory-bound work (FSDP's copies,
+the optimizer).
 
 MFU: FLOPs of the model per token x tokens per step / (step time x GPUs x peak).
 ``mfu_6n`` counts 6 N per token (N: every parameter, embeddings included; no attention).
@@ -71,12 +92,17 @@ from .links import get_link
 from .models import Transformer, get_model, stage_layers
 from .pipeline import SCHEDULES
 
-__all__ = ["CHECKPOINTING", "H100_PEAK", "MAMF_H100", "MATMUL_EFFICIENCY", "StepTime",
-           "Term", "bubble", "step_time"]
+__all__ = ["CHECKPOINTING", "H100_HBM", "H100_PEAK", "MAMF_H100", "MATMUL_EFFICIENCY",
+           "MEMORY_BOUND", "StepTime", "Term", "bubble", "step_time"]
 
 H100_PEAK = 989e12  #: H100 SXM dense bf16 FLOP/s (NVIDIA datasheet: 1,979 with sparsity)
 MAMF_H100 = 792.1e12  #: measured: stas00/ml-engineering, MAMF table, H100 SXM, bf16, CUDA 12.1
 MATMUL_EFFICIENCY = MAMF_H100 / H100_PEAK  #: 0.80, the default ``matmul_efficiency``
+H100_HBM = 3.35e12  #: H100 SXM HBM3 bytes/s (NVIDIA datasheet): the peak, not a measurement
+MEMORY_BOUND = ("fused", "eager", "none")  #: how the memory-bound kernels are counted
+#: recomputation of the elementwise forward, by ``checkpointing`` (share of it run again)
+_RECOMPUTE_ELEMENTWISE = {"none": 0, "op-selective": 1, "op-selective-alternate": 1,
+                          "selective": 0, "full": 1}
 #: The memory calculator's names (`memory_estimate.CHECKPOINTING`): "op-selective" keeps every
 #: matmul's output (recomputes none), "op-selective-alternate" (torchtitan's policy of December
 #: 2024) every other one (recomputes half).
@@ -182,10 +208,24 @@ def _link(link, bandwidth):
     return link.measured() if bandwidth == "measured" else link
 
 
+def _fused_layer_bytes(m, tp, tokens, recompute) -> int:
+    """Bytes one layer's fused elementwise kernels move for one microbatch of ``tokens``
+    (forward, backward, and the forward again if ``recompute``): see the module."""
+    hd = m.hidden // m.heads
+    x = (tokens // tp if tp > 1 else tokens) * m.hidden  # norms, residuals: the SP shard
+    qk = tokens * (m.heads + m.kv_heads) // tp * hd
+    f = tokens * m.intermediate // tp
+    forward = 2 * (2 * x + 2 * x) + 2 * (3 * 2 * x) + 2 * 2 * qk + 3 * 2 * f
+    backward = 2 * (3 * 2 * x) + 2 * (3 * 2 * x) + 2 * 2 * qk + 5 * 2 * f
+    return forward * (1 + recompute) + backward
+
+
 def _report_calls(report, axis):
     """``(kind, ranks, nbytes)`` of the report's collectives on ``axis``, per microbatch."""
     calls = [c for c in report.collectives if c.axis == axis]
-    per = max(1, getattr(report.layout, "accumulate", 1))
+    # the step's microbatches: a pipeline's schedule, or gradient accumulation's
+    per = max(1, getattr(report, "microbatches", None)
+              or getattr(report.layout, "accumulate", 1))
     return [(c.kind, c.ranks, c.nbytes) for c in calls[: len(calls) // per]]
 
 
@@ -194,7 +234,8 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
               matmul_efficiency=MATMUL_EFFICIENCY, attention_efficiency=None,
               peak_flops=H100_PEAK, bandwidth="measured", nvlink="NVLink 4 (H100 SXM)",
               network="InfiniBand NDR (400 Gb/s)", dp_link=None, async_tp=False,
-              grad_bytes=4, report=None) -> StepTime:
+              grad_bytes=4, memory_bound="fused", hbm_bandwidth=H100_HBM,
+              report=None) -> StepTime:
     """Predict one training step's time and MFU (the module says how).
 
     Args:
@@ -216,8 +257,13 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
             inside one node).
         async_tp: TP's collectives overlapped with the matmuls (async TP), not exposed.
         grad_bytes: bytes per gradient in FSDP's reduce-scatter (4: fp32, as Llama 3).
+        memory_bound: "fused" (each elementwise region one kernel), "eager" (every op of the
+            simulated rank one kernel: needs ``report``) or "none" (not timed).
+        hbm_bandwidth: the GPU memory's bytes/s for the memory-bound kernels (default H100
+            SXM's peak, 3.35e12).
         report: optional `distlab.scale.RankReport`: its recorded TP and CP collectives are
-            timed instead of the formulas.
+            timed instead of the formulas, and with ``memory_bound="eager"`` the bytes its
+            memory-bound ops moved.
 
     Returns:
         A `StepTime`.
@@ -226,7 +272,8 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
         CalculatorError (a ValueError): a size not a whole number >= 1; an unknown schedule,
             checkpointing or bandwidth; v that does not fit the schedule; a model that is not a
             dense `Transformer` (MoE is not modelled); an efficiency outside (0, 1]; a link with
-            no measured bandwidth when "measured" is asked (give ``bandwidth="peak"``).
+            no measured bandwidth when "measured" is asked (give ``bandwidth="peak"``);
+            ``memory_bound="eager"`` without a ``report``; ``hbm_bandwidth`` not above 0.
     """
     m = get_model(model)
     if not isinstance(m, Transformer) or m.experts > 1:
@@ -238,6 +285,14 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
     mbs = pp if microbatches is None else positive_int(microbatches, "microbatches")
     choice(checkpointing, "checkpointing", CHECKPOINTING)
     choice(bandwidth, "bandwidth", ("measured", "peak"))
+    choice(memory_bound, "memory_bound", MEMORY_BOUND)
+    if memory_bound == "eager" and report is None:
+        raise CalculatorError("memory_bound='eager' times the ops a simulated rank ran: give "
+                              "report=distlab.scale.simulate_rank(model, layout), or "
+                              "memory_bound='fused' for the formula")
+    if not hbm_bandwidth > 0:
+        raise CalculatorError(f"hbm_bandwidth={hbm_bandwidth!r}: bytes per second, above 0 "
+                              "(3.35e12 for an H100 SXM)")
     attention_efficiency = attention_efficiency or matmul_efficiency
     for name, value in (("matmul_efficiency", matmul_efficiency),
                         ("attention_efficiency", attention_efficiency)):
@@ -295,8 +350,32 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
         window = compute / v
         terms.append(Term("PP sends, forward and backward", send, max(0.0, send - window),
                           f"hidden behind the next microbatch, on {slow.name}"))
+    per_step_moved = 0
+    if memory_bound != "none":
+        if memory_bound == "eager":
+            moved = report.moved * layers / max(1, len(report.layers))
+            per_step_moved = report.optimizer_moved
+            how = "PyTorch eager: the simulated rank's ops, one kernel each"
+        else:
+            moved = layers * _fused_layer_bytes(m, tp, s_q, _RECOMPUTE_ELEMENTWISE[checkpointing])
+            if slowest == pp - 1:
+                moved += 2 * 2 * s_q * -(-m.vocab // tp)  # fused cross-entropy
+            how = "fused: each elementwise region one kernel"
+        kernels = moved / hbm_bandwidth
+        terms.append(Term("memory-bound kernels", kernels, kernels,
+                          f"{how}, at {hbm_bandwidth / 1e12:.2f} TB/s"))
     busy = sum(t.exposed for t in terms)
     step = mbs * busy / float(1 - idle)
+    if memory_bound == "fused":
+        params = m.layer_parameters(tp)[0] * layers
+        copies = (1 if pp > 1 else 2 * mbs) * 2 * 2 * params + 2 * grad_bytes * params
+        per_step_moved = (copies if dp > 1 else 0) + 28 * params // dp
+    if per_step_moved:
+        t_step = per_step_moved / hbm_bandwidth
+        terms.append(Term("optimizer step" if memory_bound == "eager" else
+                          "FSDP copies, optimizer step", t_step, t_step,
+                          f"memory-bound, at {hbm_bandwidth / 1e12:.2f} TB/s", per="step"))
+        step += t_step
     if dp > 1:
         params = m.layer_parameters(tp)[0]  # one layer's, gathered and reduced layer by layer
         # with PP the gathered layers stay for the step (torchtitan, Llama 3): one gather;
@@ -326,7 +405,9 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
         f"links at their {'NCCL-measured busbw' if bandwidth == 'measured' else 'peak'} "
         f"({fast.bandwidth / 1e9:.0f} and {slow.bandwidth / 1e9:.0f} GB/s)",
         f"recomputation '{checkpointing}'",
-        f"bubble {idle} of the wall time", "elementwise ops, loss and optimizer not timed",
+        f"bubble {idle} of the wall time",
+        "memory-bound kernels not timed" if memory_bound == "none" else
+        f"memory-bound kernels {memory_bound} at {hbm_bandwidth / 1e12:.2f} TB/s",
     )
     return StepTime(m, layout, mbs, tuple(terms), idle, step, tokens, gpus, peak_flops,
                     flops_6n, flops_6n + attn_tok, hardware, assumptions)

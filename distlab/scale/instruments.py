@@ -4,7 +4,11 @@
   (``torch.utils.flop_counter``), counted on the *local* ops. ``FlopCounterMode`` counts a
   DTensor op at its global shape (8 times a tensor-parallel rank's work at tp 8); here a DTensor
   op is passed on (``NotImplemented``) to DTensor, and the local ops it runs come back through
-  this mode and are counted.
+  this mode and are counted. Beside them, the bytes the *other* ops move (``moved``): every op
+  with no FLOP formula (norms, SwiGLU's silu and product, rotary's arithmetic, residual adds,
+  casts, copies, the loss, the optimizer's update) reads its inputs and writes its outputs
+  once, as PyTorch eager runs each op as one kernel; views, allocations and collectives move
+  nothing here (collectives are timed as communication).
 - `Collectives`: every collective this rank issues, with the bytes of its buffer and the mesh
   axis whose group it runs on ("axis" for a DeviceMesh axis, "dim" for a tensor dimension, as
   torchtitan names them); c10d's ops (FSDP's all-gathers and reduce-scatters) and the
@@ -26,7 +30,7 @@ from torch.utils.flop_counter import flop_registry
 from .._torch import resolve_process_group
 from .._torch_dispatch import TorchDispatchMode, tree_leaves
 
-__all__ = ["CollectiveCall", "Collectives", "LocalFlops"]
+__all__ = ["CollectiveCall", "Collectives", "LocalFlops", "moved_bytes"]
 
 
 def _is_dtensor_call(types) -> bool:
@@ -43,18 +47,63 @@ _FORMULAS[_aten._scaled_dot_product_flash_attention_for_cpu_backward] = (
     flop_registry[_aten._scaled_dot_product_flash_attention_backward])
 
 
+#: ops that read a few rows of their first argument, picked by the second: what they read is
+#: what they write (plus the indices), not the whole table (an embedding's 4 GB at 405B)
+_GATHERS = {_aten.embedding, _aten.index_select, _aten.gather, _aten.nll_loss_forward,
+            _aten.nll_loss2d_forward, _aten.index}
+#: ops that move no bytes of their own: allocations (their fill is counted where it is written
+#: by zero_/fill_) and bookkeeping
+_FREE = {_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty,
+         _aten.new_empty_strided, _aten.lift_fresh, _aten._local_scalar_dense, _aten.set_,
+         _aten.resize_, _aten.detach, _aten.alias, _aten._unsafe_view, _aten._reshape_alias}
+#: collectives (timed as communication) and metadata (``prim.device``, ...) move nothing here
+_NO_BYTES_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "prim")
+
+
+def moved_bytes(func, args, kwargs, out) -> int:
+    """The bytes an op moves through memory if it runs as one kernel that reads each input
+    once and writes each output once: 0 for views, allocations and collectives; for a gather
+    (an embedding, the loss's pick of each target's log-probability), its output and indices
+    read, not the whole table; for ``copy_(dst, src)``, src read and dst written; for an
+    in-place op that returns nothing, the arguments it writes; for FSDP2's
+    ``all_gather_copy_in``, the shards it copies into the buffer it makes for the all-gather."""
+    packet = func._overloadpacket
+    if (func.is_view or packet in _FREE or packet in _FORMULAS
+            or func.namespace in _NO_BYTES_NAMESPACES):
+        return 0
+    if func.namespace == "fsdp" and packet.__name__ == "all_gather_copy_in":
+        return 2 * _nbytes(args[0])  # the shards copied in; the output buffer is only made
+    if packet in (_aten.copy_, _aten._foreach_copy_):
+        return 2 * _nbytes(args[1])
+    if packet in (_aten.zero_, _aten.fill_):
+        return _nbytes(out)
+    if packet in _GATHERS:
+        return _nbytes(args[1:]) + 2 * _nbytes(out)
+    written = _nbytes(out)
+    if not written:  # an in-place op that returns nothing (the optimizer's fused update)
+        written = sum(_nbytes(a) for a, arg in zip(args, func._schema.arguments, strict=False)
+                      if arg.alias_info is not None and arg.alias_info.is_write)
+    return _nbytes((args, kwargs)) + written
+
+
 class LocalFlops(TorchDispatchMode):
     """FLOPs of the ops this rank runs on its own tensors, by op (``counts``) and in all
-    (``total``). A matmul of (m, k) by (k, n) is 2mkn; attention and convolutions as torch's
-    flop counter counts them (attention: the whole score matrix, causal or not)."""
+    (``total``); the bytes the other ops move, by op (``moved_by_op``) and in all (``moved``,
+    see `moved_bytes`). A matmul of (m, k) by (k, n) is 2mkn; attention and convolutions as
+    torch's flop counter counts them (attention: the whole score matrix, causal or not)."""
 
     def __init__(self):
         super().__init__()
         self.counts: Counter = Counter()
+        self.moved_by_op: Counter = Counter()
 
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+    @property
+    def moved(self) -> int:
+        return sum(self.moved_by_op.values())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if _is_dtensor_call(types):
@@ -64,6 +113,10 @@ class LocalFlops(TorchDispatchMode):
         formula = _FORMULAS.get(func._overloadpacket)
         if formula is not None:
             self.counts[str(func._overloadpacket)] += int(formula(*args, **kwargs, out_val=out))
+        else:
+            moved = moved_bytes(func, args, kwargs, out)
+            if moved:
+                self.moved_by_op[str(func._overloadpacket)] += moved
         return out
 
 

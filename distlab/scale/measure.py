@@ -7,8 +7,9 @@
   the loss), times the microbatches the stage holds at once (1F1B);
 - the peak: MemTracker over the whole step (every microbatch's forward and backward and the
   optimizer's step; a pipeline's step replayed in its schedule's order, see `replay`);
-- FLOPs of forward and backward (`instruments.LocalFlops`) and every collective with its bytes
-  and mesh axis (`instruments.Collectives`).
+- FLOPs of forward and backward (`instruments.LocalFlops`), the bytes its memory-bound ops
+  move (forward and backward; the optimizer's step apart), and every collective with its
+  bytes and mesh axis (`instruments.Collectives`).
 
 torch's private pieces (fake tensors, MemTracker, DTensor's shape propagation) are reached
 through `distlab._torch_simulation`.
@@ -79,22 +80,25 @@ def measure_step(config, layout, stage, names, model, every_microbatch=False,
             else:
                 _accumulate(model, layout, config, loss_fn, first_forward)
                 in_flight, microbatches = 1, layout.accumulate
-            before_optimizer = tracker.open_window()
+            before_optimizer, moved_before = tracker.open_window(), flops.moved
             optimizer.step()
             optimizer_rise = tracker.window - before_optimizer
+            optimizer_moved = flops.moved - moved_before
         if replayed is None:
             peak = _bytes(tracker.get_tracker_snapshot("peak"), "Total")
             step_flops, calls = flops.total, tuple(comms.calls)
+            step_moved = moved_before
         else:  # the step replayed in the schedule's order, then the optimizer's step
             peak = max(replayed.peak, replayed.end + optimizer_rise)
-            step_flops, calls = replayed.flops, replayed.calls
+            step_flops, calls, step_moved = replayed.flops, replayed.calls, replayed.moved
         numel, p_bytes, g_bytes, opt, steps = _state_bytes(model, optimizer)
     return RankReport(
         model=config, layout=layout, rank=rank, coords=coords_of(rank, dims), stage=stage,
         layers=model.layer_ids, numel=numel, params=p_bytes, grads=g_bytes, optimizer=opt,
         optimizer_other=steps, activations=first_forward.total, in_flight=in_flight,
         peak=peak, flops=step_flops // microbatches, tokens=b * s,
-        microbatches=microbatches, collectives=calls,
+        microbatches=microbatches, collectives=calls, moved=step_moved // microbatches,
+        optimizer_moved=optimizer_moved,
     )
 
 

@@ -29,13 +29,14 @@ __all__ = ["Part", "Recorder", "replay", "which"]
 class Part:
     """One measured part of a step: the bytes tracked when it starts (``before``), the most
     while it runs (``top``) and when it ends (``after``); the FLOPs it computed and the
-    collectives it issued."""
+    collectives it issued; the bytes its memory-bound ops moved."""
 
     before: int
     top: int
     after: int
     flops: int = 0
     calls: tuple = ()
+    moved: int = 0
 
 
 @dataclass
@@ -54,14 +55,15 @@ class Recorder:
 
     def begin(self) -> None:
         """The next part starts here."""
-        self._mark = (self.tracker.open_window(), self.flops.total, len(self.comms.calls))
+        self._mark = (self.tracker.open_window(), self.flops.total, len(self.comms.calls),
+                      self.flops.moved)
 
     def end(self, key) -> None:
         """The part since the last `begin` or `end` ends here, as ``key``."""
-        before, flops, calls = self._mark
+        before, flops, calls, moved = self._mark
         self.parts.setdefault(key, []).append(Part(
             before, self.tracker.window, self.tracker.total_now(), self.flops.total - flops,
-            tuple(self.comms.calls[calls:])))
+            tuple(self.comms.calls[calls:]), self.flops.moved - moved))
         self.begin()
 
     @contextlib.contextmanager
@@ -82,12 +84,13 @@ def which(index: int, count: int) -> str:
 @dataclass(frozen=True)
 class Replayed:
     """A replayed step: its ``peak`` bytes, the bytes at its ``end``, its ``flops`` and
-    ``calls`` (the collectives in order)."""
+    ``calls`` (the collectives in order), the bytes its memory-bound ops ``moved``."""
 
     peak: int
     end: int
     flops: int
     calls: tuple
+    moved: int = 0
 
 
 def replay(actions, parts_of, start: int) -> Replayed:
@@ -95,11 +98,12 @@ def replay(actions, parts_of, start: int) -> Replayed:
     ``parts_of(stage, kind, microbatch)`` (a list of `Part`, run one after another), from
     ``start`` bytes."""
     level = peak = start
-    flops, calls = 0, []
+    flops, moved, calls = 0, 0, []
     for stage, kind, micro in actions:
         for part in parts_of(stage, kind, micro):
             peak = max(peak, level + part.top - part.before)
             level += part.after - part.before
             flops += part.flops
+            moved += part.moved
             calls.extend(part.calls)
-    return Replayed(peak, level, flops, tuple(calls))
+    return Replayed(peak, level, flops, tuple(calls), moved)

@@ -23,7 +23,10 @@ class RankReport:
     backward in the schedule's order, and the optimizer step), as MemTracker saw it;
     ``flops``: forward and backward of one microbatch; ``tokens``: tokens this rank processes
     per microbatch; ``microbatches``: how many the step ran; ``collectives``: every call of the
-    step (all its microbatches), in order."""
+    step (all its microbatches), in order; ``moved``: bytes read and written by the
+    memory-bound ops (every op but matmuls, attention, views and collectives, each as one
+    eager kernel: `instruments.moved_bytes`) of one microbatch's forward and backward, and
+    ``optimizer_moved`` by the optimizer's step."""
 
     model: object
     layout: Layout
@@ -43,6 +46,8 @@ class RankReport:
     tokens: int
     microbatches: int = 1
     collectives: tuple = field(default=(), repr=False)
+    moved: int = 0
+    optimizer_moved: int = 0
 
     @property
     def states(self) -> int:
