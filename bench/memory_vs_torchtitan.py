@@ -151,11 +151,14 @@ def main() -> None:
     print(f"\n8B FSDP 8 less FSDP 128 (same local batch: what both hold alike cancels): measured "
           f"{d['measured']:.1f} GiB, predicted {d['predicted']:.1f}; the sharded fp32 gradients "
           f"differ by {d['grads']:.1f}, which the predicted peak (at the loss, gradients freed) "
-          f"leaves out: with them {d['with_grads']:.1f}. The measured peaks hold them (in the "
-          "backward, or as the previous step's blocks kept reserved). What is left, "
-          f"{d['left'][0]:.1f} and {d['left'][1]:.1f} GiB, is alike in both: what they share "
-          "(activations' and the loss's transients in backward, the allocator's reserve over "
-          "them)")
+          f"leaves out: with them {d['with_grads']:.1f}, "
+          f"{d['measured'] - d['with_grads']:.1f} GiB of the difference unexplained. So the "
+          "measured peaks may hold them (a peak late in backward, which would move both rows' "
+          "peak from the loss's moment, or the previous step's blocks kept reserved). What is "
+          f"left of each gap then, {d['left'][0]:.1f} and {d['left'][1]:.1f} GiB, is alike "
+          "within that: something both rows hold (activations' and the loss's transients in "
+          "backward, the allocator's reserve over them). A memory snapshot on a GPU would "
+          "place the peak")
     print("\nnot modelled, and what it changes:")
     for what in (COMPILE, FLOAT8, ASYNC_TP):
         print(f"  {what}")

@@ -47,16 +47,20 @@ def test_a_gather_reads_the_rows_it_picks_not_the_table():
 def test_copy_reads_its_source_once_and_an_in_place_update_writes_its_tensors():
     dst, src = torch.zeros(10), torch.ones(10)
     assert _moved(dst.copy_, src)[0] == 2 * 40
+    assert _moved(dst.copy_, src.bfloat16())[0] == 20 + 40  # bf16 read, fp32 written
     assert _moved(dst.zero_)[0] == 40  # a fill writes, reads nothing
+    assert _moved(torch.zeros_like, src)[0] == 40
+    big = torch.zeros(1000)
+    assert _moved(big.index_put_, (torch.tensor([3, 5]),), torch.ones(2))[0] == 16 + 2 * 8
     p, g = torch.nn.Parameter(torch.ones(100)), torch.ones(100)
     p.grad = g
     opt = torch.optim.AdamW([p], fused=True)
     opt.step()  # the moments made
     moved, _, by_op = _moved(opt.step)
-    # reads parameter, gradient, both moments and the 4-byte step counter; writes the four
-    # tensors torch's schema marks written (the gradient too: fused Adam may unscale it in
-    # place; the step is counted up by another op)
-    assert by_op["aten._fused_adamw_"] == (4 * 400 + 4) + 4 * 400
+    # reads parameter, gradient, both moments and the 4-byte step counter; writes parameter and
+    # moments (the gradient only when it unscales it: no grad_scale here; the step is counted
+    # up by another op): 28 bytes a parameter, as the fused formula counts
+    assert by_op["aten._fused_adamw_"] == (4 * 400 + 4) + 3 * 400
 
 
 def test_rmsnorm_forward_moves_what_its_eager_ops_read_and_write():

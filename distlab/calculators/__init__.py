@@ -34,7 +34,17 @@ from .memory_estimate import MemoryEstimate, memory_per_device
 from .models import PRESETS, LinearStack, Params, Transformer, stage_layers
 from .pipeline import Schedule, pipeline_schedule
 from .stepper import RingCollective, RingStep, StepChart, ring_steps
-from .steptime import H100_PEAK, MAMF_H100, MATMUL_EFFICIENCY, StepTime, Term, bubble, step_time
+from .steptime import (
+    H100_HBM,
+    H100_HBM2E,
+    H100_PEAK,
+    MAMF_H100,
+    MATMUL_EFFICIENCY,
+    StepTime,
+    Term,
+    bubble,
+    step_time,
+)
 
 __all__ = [
     "GB", "LINKS", "PRESETS", "CalculatorError", "CollectiveChart", "CollectiveTime",
@@ -42,5 +52,6 @@ __all__ = [
     "RingStep", "Schedule", "ScheduleChart", "StepChart", "StepComm", "StepCommChart",
     "Transformer", "collective_time", "fit_path", "load_fit", "memory_per_device",
     "pipeline_schedule", "ring_steps", "save_fit", "stage_layers", "step_comm",
-    "H100_PEAK", "MAMF_H100", "MATMUL_EFFICIENCY", "StepTime", "Term", "bubble", "step_time",
+    "H100_HBM", "H100_HBM2E", "H100_PEAK", "MAMF_H100", "MATMUL_EFFICIENCY", "StepTime", "Term",
+    "bubble", "step_time",
 ]

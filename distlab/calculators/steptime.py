@@ -23,8 +23,11 @@ Compute, per microbatch, on the slowest pipeline stage (`models.stage_layers`):
   again); "selective" (Megatron's: attention's core again); "full" (the whole forward again,
   with its tensor- and context-parallel collectives).
 - memory-bound kernels (``memory_bound``), at ``hbm_bandwidth`` (default H100 SXM's HBM3 peak,
-  3.35 TB/s: kernels reach less, so this time is a floor), **exposed** (they run between the
-  matmuls on the same stream):
+  3.35 TB/s; torchtitan's 96 GB H100s have HBM2e at 2.4, `H100_HBM2E`), **exposed** (they run
+  between the matmuls on the compute stream; FSDP2's copy-in and reduce-scatter copy run on its
+  side streams, so for those an upper bound). At the peak, kernels reach less (copies measure
+  about 90% of it): a floor for the bytes counted, though eager kernels whose tensors stay in
+  the 50 MB L2 cache may beat it:
   "fused": each elementwise region one kernel that reads its inputs and writes its outputs
   once, as Megatron-style fused kernels (and torch.compile) run them. Per layer forward: two
   RMSNorms (read, write), two residual adds (read two, write one), RoPE on q and k, SwiGLU's
@@ -92,13 +95,15 @@ from .links import get_link
 from .models import Transformer, get_model, stage_layers
 from .pipeline import SCHEDULES
 
-__all__ = ["CHECKPOINTING", "H100_HBM", "H100_PEAK", "MAMF_H100", "MATMUL_EFFICIENCY",
+__all__ = ["CHECKPOINTING", "H100_HBM", "H100_HBM2E", "H100_PEAK", "MAMF_H100", "MATMUL_EFFICIENCY",
            "MEMORY_BOUND", "StepTime", "Term", "bubble", "step_time"]
 
 H100_PEAK = 989e12  #: H100 SXM dense bf16 FLOP/s (NVIDIA datasheet: 1,979 with sparsity)
 MAMF_H100 = 792.1e12  #: measured: stas00/ml-engineering, MAMF table, H100 SXM, bf16, CUDA 12.1
 MATMUL_EFFICIENCY = MAMF_H100 / H100_PEAK  #: 0.80, the default ``matmul_efficiency``
 H100_HBM = 3.35e12  #: H100 SXM HBM3 bytes/s (NVIDIA datasheet): the peak, not a measurement
+#: the 96 GB HBM2e H100s of torchtitan's benchmarks (its benchmark page: 2.4 TB/s peak)
+H100_HBM2E = 2.4e12
 MEMORY_BOUND = ("fused", "eager", "none")  #: how the memory-bound kernels are counted
 #: recomputation of the elementwise forward, by ``checkpointing`` (share of it run again)
 _RECOMPUTE_ELEMENTWISE = {"none": 0, "op-selective": 1, "op-selective-alternate": 1,

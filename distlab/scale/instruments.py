@@ -56,6 +56,12 @@ _GATHERS = {_aten.embedding, _aten.index_select, _aten.gather, _aten.nll_loss_fo
 _FREE = {_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty,
          _aten.new_empty_strided, _aten.lift_fresh, _aten._local_scalar_dense, _aten.set_,
          _aten.resize_, _aten.detach, _aten.alias, _aten._unsafe_view, _aten._reshape_alias}
+#: ops that only write: fills, and tensors made like another (its shape, not its values)
+_WRITES_ONLY = {_aten.zero_, _aten.fill_, _aten.zeros_like, _aten.ones_like, _aten.full_like,
+                _aten.rand_like, _aten.randn_like}
+#: fused Adam's kernel writes the gradient back only to unscale it (a ``grad_scale`` given),
+#: though its schema marks the gradients written
+_FUSED_ADAM = {_aten._fused_adam_, _aten._fused_adamw_}
 #: collectives (timed as communication) and metadata (``prim.device``, ...) move nothing here
 _NO_BYTES_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "prim")
 
@@ -64,8 +70,10 @@ def moved_bytes(func, args, kwargs, out) -> int:
     """The bytes an op moves through memory if it runs as one kernel that reads each input
     once and writes each output once: 0 for views, allocations and collectives; for a gather
     (an embedding, the loss's pick of each target's log-probability), its output and indices
-    read, not the whole table; for ``copy_(dst, src)``, src read and dst written; for an
-    in-place op that returns nothing, the arguments it writes; for FSDP2's
+    read, not the whole table; for ``copy_(dst, src)``, src read and dst written; a fill or a
+    ``zeros_like`` only writes; ``index_put_`` reads and writes its values, not the whole
+    tensor; an in-place op that returns nothing writes what its schema marks written (fused
+    Adam's gradients only with a ``grad_scale``); for FSDP2's
     ``all_gather_copy_in``, the shards it copies into the buffer it makes for the all-gather."""
     packet = func._overloadpacket
     if (func.is_view or packet in _FREE or packet in _FORMULAS
@@ -74,15 +82,20 @@ def moved_bytes(func, args, kwargs, out) -> int:
     if func.namespace == "fsdp" and packet.__name__ == "all_gather_copy_in":
         return 2 * _nbytes(args[0])  # the shards copied in; the output buffer is only made
     if packet in (_aten.copy_, _aten._foreach_copy_):
-        return 2 * _nbytes(args[1])
-    if packet in (_aten.zero_, _aten.fill_):
-        return _nbytes(out)
+        return _nbytes(args[1]) + _nbytes(args[0])  # the source read, the destination written
+    if packet in _WRITES_ONLY:
+        return _nbytes(out) or _nbytes(args[0])
+    if packet in (_aten.index_put_, _aten.index_put):  # the values written where indexed
+        return _nbytes(args[1:]) + _nbytes(args[2])
     if packet in _GATHERS:
         return _nbytes(args[1:]) + 2 * _nbytes(out)
     written = _nbytes(out)
     if not written:  # an in-place op that returns nothing (the optimizer's fused update)
-        written = sum(_nbytes(a) for a, arg in zip(args, func._schema.arguments, strict=False)
-                      if arg.alias_info is not None and arg.alias_info.is_write)
+        written = sum(_nbytes(a) for i, (a, arg) in
+                      enumerate(zip(args, func._schema.arguments, strict=False))
+                      if arg.alias_info is not None and arg.alias_info.is_write
+                      and not (i == 1 and packet in _FUSED_ADAM and kwargs.get("grad_scale")
+                               is None))
     return _nbytes((args, kwargs)) + written
 
 
