@@ -373,7 +373,12 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
     step = mbs * busy / float(1 - idle)
     if memory_bound == "fused":
         params = m.layer_parameters(tp)[0] * layers
-        copies = (1 if pp > 1 else 2 * mbs) * 2 * 2 * params + 2 * grad_bytes * params
+        # each gather's copy-out (bf16 read and written); the reduce-scatter's copy-in reads the
+        # unsharded gradients (fp32 when accumulated across microbatches, else bf16) and writes
+        # them at grad_bytes
+        unsharded = 4 if pp > 1 or mbs > 1 else 2
+        copies = ((1 if pp > 1 else 2 * mbs) * 2 * 2 * params
+                  + (unsharded + grad_bytes) * params)
         per_step_moved = (copies if dp > 1 else 0) + 28 * params // dp
     if per_step_moved:
         t_step = per_step_moved / hbm_bandwidth
