@@ -69,6 +69,13 @@ def test_a_replayed_step_equals_running_every_microbatch(pairs, name):
         # bookkeeping fall between the measured parts: 1 KB a microbatch in 118 MB)
         assert whole.moved > 0 and abs(replayed.moved - whole.moved) <= 1e-4 * whole.moved, (
             name, stage, replayed.moved, whole.moved)
+        # by op: the same ops (but the batch's randint, made outside the measured parts), each
+        # within 0.01% of the step's bytes; rounded down per microbatch, to a byte an op
+        for op in whole.moved_by_op.keys() | replayed.moved_by_op.keys():
+            apart = replayed.moved_by_op.get(op, 0) - whole.moved_by_op.get(op, 0)
+            assert abs(apart) <= 1e-4 * whole.moved, (name, stage, op, apart)
+        assert 0 <= replayed.moved - sum(replayed.moved_by_op.values()) < len(
+            replayed.moved_by_op) + 1
         assert replayed.optimizer_moved == whole.optimizer_moved > 0, (name, stage)
         calls = Counter((c.kind, c.axis, c.nbytes) for c in replayed.collectives)
         assert calls == Counter((c.kind, c.axis, c.nbytes) for c in whole.collectives), (

@@ -18,6 +18,7 @@ through `distlab._torch_simulation`.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
@@ -80,10 +81,10 @@ def measure_step(config, layout, stage, names, model, every_microbatch=False,
             else:
                 _accumulate(model, layout, config, loss_fn, first_forward)
                 in_flight, microbatches = 1, layout.accumulate
-            before_optimizer, moved_before = tracker.open_window(), flops.moved
+            before_optimizer, moved_before = tracker.open_window(), Counter(flops.moved_by_op)
             optimizer.step()
             optimizer_rise = tracker.window - before_optimizer
-            optimizer_moved = flops.moved - moved_before
+            optimizer_moved = flops.moved - sum(moved_before.values())
         if replayed is None:
             peak = _bytes(tracker.get_tracker_snapshot("peak"), "Total")
             step_flops, calls = flops.total, tuple(comms.calls)
@@ -92,12 +93,14 @@ def measure_step(config, layout, stage, names, model, every_microbatch=False,
             peak = max(replayed.peak, replayed.end + optimizer_rise)
             step_flops, calls, step_moved = replayed.flops, replayed.calls, replayed.moved
         numel, p_bytes, g_bytes, opt, steps = _state_bytes(model, optimizer)
+    by_op = {op: n // microbatches for op, n in step_moved.most_common() if n >= microbatches}
     return RankReport(
         model=config, layout=layout, rank=rank, coords=coords_of(rank, dims), stage=stage,
         layers=model.layer_ids, numel=numel, params=p_bytes, grads=g_bytes, optimizer=opt,
         optimizer_other=steps, activations=first_forward.total, in_flight=in_flight,
         peak=peak, flops=step_flops // microbatches, tokens=b * s,
-        microbatches=microbatches, collectives=calls, moved=step_moved // microbatches,
+        microbatches=microbatches, collectives=calls,
+        moved=sum(step_moved.values()) // microbatches, moved_by_op=by_op,
         optimizer_moved=optimizer_moved,
     )
 

@@ -20,6 +20,7 @@ Knows nothing about models or layouts: `pipeline` records, this module replays.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from dataclasses import dataclass, field
 
 __all__ = ["Part", "Recorder", "replay", "which"]
@@ -29,14 +30,14 @@ __all__ = ["Part", "Recorder", "replay", "which"]
 class Part:
     """One measured part of a step: the bytes tracked when it starts (``before``), the most
     while it runs (``top``) and when it ends (``after``); the FLOPs it computed and the
-    collectives it issued; the bytes its memory-bound ops moved."""
+    collectives it issued; the bytes its memory-bound ops moved, by op (a `Counter`)."""
 
     before: int
     top: int
     after: int
     flops: int = 0
     calls: tuple = ()
-    moved: int = 0
+    moved: Counter = field(default_factory=Counter)
 
 
 @dataclass
@@ -56,14 +57,14 @@ class Recorder:
     def begin(self) -> None:
         """The next part starts here."""
         self._mark = (self.tracker.open_window(), self.flops.total, len(self.comms.calls),
-                      self.flops.moved)
+                      Counter(self.flops.moved_by_op))
 
     def end(self, key) -> None:
         """The part since the last `begin` or `end` ends here, as ``key``."""
         before, flops, calls, moved = self._mark
         self.parts.setdefault(key, []).append(Part(
             before, self.tracker.window, self.tracker.total_now(), self.flops.total - flops,
-            tuple(self.comms.calls[calls:]), self.flops.moved - moved))
+            tuple(self.comms.calls[calls:]), self.flops.moved_by_op - moved))
         self.begin()
 
     @contextlib.contextmanager
@@ -84,13 +85,13 @@ def which(index: int, count: int) -> str:
 @dataclass(frozen=True)
 class Replayed:
     """A replayed step: its ``peak`` bytes, the bytes at its ``end``, its ``flops`` and
-    ``calls`` (the collectives in order), the bytes its memory-bound ops ``moved``."""
+    ``calls`` (the collectives in order), the bytes its memory-bound ops ``moved``, by op."""
 
     peak: int
     end: int
     flops: int
     calls: tuple
-    moved: int = 0
+    moved: Counter = field(default_factory=Counter)
 
 
 def replay(actions, parts_of, start: int) -> Replayed:
@@ -98,12 +99,12 @@ def replay(actions, parts_of, start: int) -> Replayed:
     ``parts_of(stage, kind, microbatch)`` (a list of `Part`, run one after another), from
     ``start`` bytes."""
     level = peak = start
-    flops, moved, calls = 0, 0, []
+    flops, moved, calls = 0, Counter(), []
     for stage, kind, micro in actions:
         for part in parts_of(stage, kind, micro):
             peak = max(peak, level + part.top - part.before)
             level += part.after - part.before
             flops += part.flops
-            moved += part.moved
+            moved.update(part.moved)
             calls.extend(part.calls)
     return Replayed(peak, level, flops, tuple(calls), moved)

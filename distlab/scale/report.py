@@ -25,7 +25,8 @@ class RankReport:
     per microbatch; ``microbatches``: how many the step ran; ``collectives``: every call of the
     step (all its microbatches), in order; ``moved``: bytes read and written by the
     memory-bound ops (every op but matmuls, attention, views and collectives, each as one
-    eager kernel: `instruments.moved_bytes`) of one microbatch's forward and backward, and
+    eager kernel: `instruments.moved_bytes`) of one microbatch's forward and backward, by op
+    in ``moved_by_op`` (``{"aten.mul": bytes, ...}``, the largest first), and
     ``optimizer_moved`` by the optimizer's step."""
 
     model: object
@@ -48,6 +49,7 @@ class RankReport:
     collectives: tuple = field(default=(), repr=False)
     moved: int = 0
     optimizer_moved: int = 0
+    moved_by_op: dict = field(default_factory=dict, repr=False)
 
     @property
     def states(self) -> int:
