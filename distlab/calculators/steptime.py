@@ -234,6 +234,26 @@ def _report_calls(report, axis):
     return [(c.kind, c.ranks, c.nbytes) for c in calls[: len(calls) // per]]
 
 
+def _memory_bound_bytes(m, memory_bound, report, *, layers, tp, tokens, pp, dp, mbs, last,
+                        checkpointing, grad_bytes) -> tuple[float, int, str]:
+    """``(bytes per microbatch, bytes per step, how)`` of the memory-bound kernels of the
+    slowest stage (``layers`` layers, ``last`` if it is the last): see the module."""
+    if memory_bound == "eager":
+        how = "PyTorch eager: the simulated rank's ops, one kernel each"
+        return report.moved * layers / max(1, len(report.layers)), report.optimizer_moved, how
+    moved = layers * _fused_layer_bytes(m, tp, tokens, _RECOMPUTE_ELEMENTWISE[checkpointing])
+    if last:
+        moved += 2 * 2 * tokens * -(-m.vocab // tp)  # fused cross-entropy
+    params = m.layer_parameters(tp)[0] * layers
+    # each gather's copy-out (bf16 read and written); the reduce-scatter's copy-in reads the
+    # unsharded gradients (fp32 when accumulated across microbatches, else bf16) and writes
+    # them at grad_bytes
+    unsharded = 4 if pp > 1 or mbs > 1 else 2
+    copies = (1 if pp > 1 else 2 * mbs) * 2 * 2 * params + (unsharded + grad_bytes) * params
+    per_step = (copies if dp > 1 else 0) + 28 * params // dp  # and fused AdamW on the shards
+    return moved, per_step, "fused: each elementwise region one kernel"
+
+
 def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
               microbatches=None, schedule="1F1B", v=1, checkpointing="none",
               matmul_efficiency=MATMUL_EFFICIENCY, attention_efficiency=None,
@@ -355,33 +375,17 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
         window = compute / v
         terms.append(Term("PP sends, forward and backward", send, max(0.0, send - window),
                           f"hidden behind the next microbatch, on {slow.name}"))
-    per_step_moved = 0
-    if memory_bound != "none":
-        if memory_bound == "eager":
-            moved = report.moved * layers / max(1, len(report.layers))
-            per_step_moved = report.optimizer_moved
-            how = "PyTorch eager: the simulated rank's ops, one kernel each"
-        else:
-            moved = layers * _fused_layer_bytes(m, tp, s_q, _RECOMPUTE_ELEMENTWISE[checkpointing])
-            if slowest == pp - 1:
-                moved += 2 * 2 * s_q * -(-m.vocab // tp)  # fused cross-entropy
-            how = "fused: each elementwise region one kernel"
+    if memory_bound != "none":  # per microbatch on the critical path; per step apart
+        moved, per_step, how = _memory_bound_bytes(
+            m, memory_bound, report, layers=layers, tp=tp, tokens=s_q, pp=pp, dp=dp, mbs=mbs,
+            last=slowest == pp - 1, checkpointing=checkpointing, grad_bytes=grad_bytes)
         kernels = moved / hbm_bandwidth
         terms.append(Term("memory-bound kernels", kernels, kernels,
                           f"{how}, at {hbm_bandwidth / 1e12:.2f} TB/s"))
     busy = sum(t.exposed for t in terms)
     step = mbs * busy / float(1 - idle)
-    if memory_bound == "fused":
-        params = m.layer_parameters(tp)[0] * layers
-        # each gather's copy-out (bf16 read and written); the reduce-scatter's copy-in reads the
-        # unsharded gradients (fp32 when accumulated across microbatches, else bf16) and writes
-        # them at grad_bytes
-        unsharded = 4 if pp > 1 or mbs > 1 else 2
-        copies = ((1 if pp > 1 else 2 * mbs) * 2 * 2 * params
-                  + (unsharded + grad_bytes) * params)
-        per_step_moved = (copies if dp > 1 else 0) + 28 * params // dp
-    if per_step_moved:
-        t_step = per_step_moved / hbm_bandwidth
+    if memory_bound != "none" and per_step:
+        t_step = per_step / hbm_bandwidth
         terms.append(Term("optimizer step" if memory_bound == "eager" else
                           "FSDP copies, optimizer step", t_step, t_step,
                           f"memory-bound, at {hbm_bandwidth / 1e12:.2f} TB/s", per="step"))

@@ -53,9 +53,10 @@ _GATHERS = {_aten.embedding, _aten.index_select, _aten.gather, _aten.nll_loss_fo
             _aten.nll_loss2d_forward, _aten.index}
 #: ops that move no bytes of their own: allocations (their fill is counted where it is written
 #: by zero_/fill_) and bookkeeping
+#: (views, ``detach`` and ``alias`` among them, are known by ``func.is_view``)
 _FREE = {_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty,
-         _aten.new_empty_strided, _aten.lift_fresh, _aten._local_scalar_dense, _aten.set_,
-         _aten.resize_, _aten.detach, _aten.alias, _aten._unsafe_view, _aten._reshape_alias}
+         _aten.new_empty_strided, _aten._local_scalar_dense, _aten.set_, _aten.resize_,
+         _aten._unsafe_view}
 #: ops that only write: fills, and tensors made like another (its shape, not its values)
 _WRITES_ONLY = {_aten.zero_, _aten.fill_, _aten.zeros_like, _aten.ones_like, _aten.full_like,
                 _aten.rand_like, _aten.randn_like}
@@ -89,14 +90,18 @@ def moved_bytes(func, args, kwargs, out) -> int:
         return _nbytes(args[1:]) + _nbytes(args[2])
     if packet in _GATHERS:
         return _nbytes(args[1:]) + 2 * _nbytes(out)
-    written = _nbytes(out)
-    if not written:  # an in-place op that returns nothing (the optimizer's fused update)
-        written = sum(_nbytes(a) for i, (a, arg) in
-                      enumerate(zip(args, func._schema.arguments, strict=False))
-                      if arg.alias_info is not None and arg.alias_info.is_write
-                      and not (i == 1 and packet in _FUSED_ADAM and kwargs.get("grad_scale")
-                               is None))
-    return _nbytes((args, kwargs)) + written
+    return _nbytes((args, kwargs)) + (_nbytes(out) or _written_in_place(func, args, kwargs))
+
+
+def _written_in_place(func, args, kwargs) -> int:
+    """The bytes of the arguments an op that returns nothing writes (the optimizer's fused
+    update): those its schema marks written, less fused Adam's gradients when it has no
+    ``grad_scale`` to unscale them with."""
+    written = [a for a, arg in zip(args, func._schema.arguments, strict=False)
+               if arg.alias_info is not None and arg.alias_info.is_write]
+    if func._overloadpacket in _FUSED_ADAM and kwargs.get("grad_scale") is None:
+        del written[1]  # (params, grads, exp_avgs, ...): the gradients, read only
+    return _nbytes(written)
 
 
 class LocalFlops(TorchDispatchMode):
