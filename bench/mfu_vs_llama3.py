@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from distlab.calculators import H100_HBM2E, MATMUL_EFFICIENCY, step_time
 
 BAND = 5.0  #: points of MFU the paper's rows should land within
+#: the paper's inputs it does not publish: stages per pipeline rank, how its kernels ran
+UNPUBLISHED = tuple((v, kernels) for v in (2, 4, 8) for kernels in ("fused", "eager"))
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,8 @@ TORCHTITAN = (
 )
 
 
-def predict(layout: dict, choices: Choices, model="Llama-3 405B"):
-    return step_time(model, **layout, **choices.__dict__)
+def predict(layout: dict, choices: Choices, model="Llama-3 405B", **more):
+    return step_time(model, **layout, **choices.__dict__, **more)
 
 
 def paper_rows():
@@ -116,6 +118,7 @@ def main() -> None:
         gap = 100 * t.mfu - mfu
         print(f"  {name:<26} {100 * t.mfu:9.1f}% {mfu:8d}% {gap:+6.1f} {t.tflops_per_gpu:8.0f} "
               f"{tf:6d}  {'within' if abs(gap) <= BAND else 'OUTSIDE'}")
+    unpublished_table(unpublished())
     print("\ntorchtitan, Llama 3.1 on H100 (tokens/s per GPU; its GPUs are 500 W 96 GB parts "
           "with HBM2e at 2.4 TB/s, which the model uses; it assumes 989 TFLOP/s)")
     print(f"  {'row':<36} {'predicted':>10} {'measured':>9} {'ratio':>6}")
@@ -128,6 +131,56 @@ def main() -> None:
     print("  not modelled in any row: torchtitan's GPUs capped at 500 W (the matmul efficiency "
           "is measured at 700 W), the CPU's kernel launches, the memory-bound kernels below "
           "the HBM peak")
+
+
+def middle_rank(layout: dict):
+    """A middle pipeline rank of a Table 4 row (8 layers, no embedding, no loss: the slowest
+    stage), laid out as the paper ran it, simulated."""
+    from distlab import scale
+
+    return scale.simulate_rank("Llama-3 405B", scale.Layout(
+        **layout, schedule="Interleaved1F1B", virtual_stages=2), stage=1)
+
+
+def unpublished(simulate=middle_rank):
+    """[(row, measured MFU %, {(v, kernels): StepTime})]: each Table 4 row with the paper's
+    choices, at every pairing of the inputs it does not publish (`UNPUBLISHED`). The eager
+    kernels are a simulated middle rank's (``simulate(layout)``; a rank's bytes per microbatch
+    do not depend on v: its layers are the same)."""
+    base = replace(NAIVE, **{k: v for _, change in STEPS for k, v in change.items()})
+    rows = []
+    for name, layout, mfu, _ in PAPER:
+        report = simulate(layout)
+        rows.append((name, mfu, {
+            (v, kernels): predict(layout, replace(base, v=v), memory_bound=kernels,
+                                  report=report if kernels == "eager" else None)
+            for v, kernels in UNPUBLISHED}))
+    return rows
+
+
+def closest(rows):
+    """``((v, kernels), worst gap in points)``: the pairing whose farthest row is nearest."""
+    def worst(pairing):
+        return max(abs(100 * cells[pairing].mfu - mfu) for _, mfu, cells in rows)
+
+    best = min(UNPUBLISHED, key=worst)
+    return best, worst(best)
+
+
+def unpublished_table(rows) -> None:
+    print("\nWhat the paper does not publish: stages per pipeline rank (v) and how its "
+          "memory-bound kernels ran\n(fused: each elementwise region one kernel; eager: a "
+          "simulated middle rank's own ops, one kernel each)")
+    heads = "".join(f"{f'v={v} {k}':>11}" for v, k in UNPUBLISHED)
+    print(f"  {'row':<26}{heads}  measured  inside")
+    for name, mfu, cells in rows:
+        mfus = [100 * cells[pairing].mfu for pairing in UNPUBLISHED]
+        inside = min(mfus) <= mfu <= max(mfus)
+        print(f"  {name:<26}" + "".join(f"{x:10.1f}%" for x in mfus)
+              + f"  {mfu:7d}%  {'yes' if inside else 'NO'}")
+    (v, kernels), gap = closest(rows)
+    print(f"  closest to all three rows: v={v}, {kernels}: the farthest row {gap:.1f} points "
+          f"off (band {BAND:.0f})")
 
 
 def simulated(layout: dict):
