@@ -17,7 +17,11 @@ over the pipeline stages, with torchtitan's settings as that commit ran them:
   PyTorch eager activations (``implementation="eager"``); sequence and loss parallelism with TP.
 
 No fitted factor: a ratio below 1 is what the model leaves out plus the allocator's reserved but
-unallocated bytes. Rows run with torch.compile, Float8 or async TP are predicted as a bf16 eager
+unallocated bytes. Beside it, the simulated rank's ``reserved`` (`distlab.scale.simulate_rank`,
+the same stage): the least the caching allocator must hold reserved, since it pools blocks by
+the stream that made them (FSDP2's all-gather outputs and its reduce-scatter outputs, the
+sharded gradients, on side streams: their blocks are not reused for activations), still
+without block rounding or fragmentation: a lower bound on what torchtitan measured. Rows run with torch.compile, Float8 or async TP are predicted as a bf16 eager
 run and marked: the model does not know what those change (the column says what it would).
 
     python bench/memory_vs_torchtitan.py
@@ -119,6 +123,27 @@ def table() -> list[tuple]:
     return out
 
 
+def simulated(row: Row, stage: int):
+    """The row's rank of pipeline ``stage``, simulated (a `RankReport`)."""
+    from distlab import scale
+
+    return scale.simulate_rank(row.model, scale.Layout(**row.layout), stage=stage)
+
+
+def reserved(rows=ROWS, simulate=simulated) -> dict:
+    """``{row label: (simulated peak GiB, simulated reserved GiB, ratio of reserved to
+    measured)}``: each row's rank simulated at the stage the calculator finds largest (rows
+    alike in layout simulated once)."""
+    reports, out = {}, {}
+    for row in rows:
+        key = (row.model, tuple(sorted(row.layout.items())))
+        if key not in reports:
+            reports[key] = simulate(row, predict(row).stage)
+        r = reports[key]
+        out[row.label] = (r.peak / GIB, r.reserved / GIB, r.reserved / GIB / row.measured_gib)
+    return out
+
+
 def difference(a="8B FSDP 8", b="8B FSDP 128") -> dict:
     """Two rows with the same model and local batch, apart only in how far the state is sharded:
     whatever both hold alike (activations, the loss, the allocator's reserve over them) cancels
@@ -140,25 +165,30 @@ def main() -> None:
     print(f"predicted peak (allocated, memory_per_device) against measured max reserved "
           f"({SOURCE}), GiB")
     print("predicted: PyTorch eager, bf16-fsdp2, loss upcast to fp32; no fitted factor\n")
-    print(f"{'table':>5}  {'layout':42}{'predicted':>10}{'measured':>10}{'ratio':>7}  status")
+    print(f"{'':49}{'calculator':>17}{'simulated rank':>24}")
+    print(f"{'table':>5}  {'layout':42}{'peak':>10}{'ratio':>7}{'peak':>8}{'reserved':>9}"
+          f"{'ratio':>7}{'measured':>10}  status")
+    sims = reserved()
     for row, est, gib, ratio in table():
         status = "modelled" if row.modelled else "not modelled: " + ", ".join(
             u.split(":")[0] for u in row.unmodelled)
         stage = f" (stage {est.stage})" if est.pp > 1 else ""
-        print(f"{row.table:>5}  {row.label + stage:42}{gib:10.1f}{row.measured_gib:10.1f}"
-              f"{ratio:7.2f}  {status}")
+        peak, held, held_ratio = sims[row.label]
+        print(f"{row.table:>5}  {row.label + stage:42}{gib:10.1f}{ratio:7.2f}{peak:8.1f}"
+              f"{held:9.1f}{held_ratio:7.2f}{row.measured_gib:10.1f}  {status}")
     d = difference()
+    floors = sims["8B FSDP 8"][1] - sims["8B FSDP 128"][1]
     print(f"\n8B FSDP 8 less FSDP 128 (same local batch: what both hold alike cancels): measured "
-          f"{d['measured']:.1f} GiB, predicted {d['predicted']:.1f}; the sharded fp32 gradients "
-          f"differ by {d['grads']:.1f}, which the predicted peak (at the loss, gradients freed) "
-          f"leaves out: with them {d['with_grads']:.1f}, "
-          f"{d['measured'] - d['with_grads']:.1f} GiB of the difference unexplained. So the "
-          "measured peaks may hold them (a peak late in backward, which would move both rows' "
-          "peak from the loss's moment, or the previous step's blocks kept reserved). What is "
-          f"left of each gap then, {d['left'][0]:.1f} and {d['left'][1]:.1f} GiB, is alike "
-          "within that: something both rows hold (activations' and the loss's transients in "
-          "backward, the allocator's reserve over them). A memory snapshot on a GPU would "
-          "place the peak")
+          f"{d['measured']:.1f} GiB, the calculator's peaks {d['predicted']:.1f}; the sharded "
+          f"fp32 gradients differ by {d['grads']:.1f}, which the peak (at the loss, gradients "
+          f"freed by zero_grad) does not hold. The simulated ranks' reserved floors differ by "
+          f"{floors:.1f}: FSDP2 makes the reduce-scatters' outputs, which become the sharded "
+          "gradients, on its reduce-scatter stream, and the caching allocator keeps their "
+          "blocks for that stream after zero_grad frees them. What is left of each row (the "
+          f"measured less the floor: {82.4 - sims['8B FSDP 8'][1]:.1f} and "
+          f"{67.0 - sims['8B FSDP 128'][1]:.1f} GiB) is the allocator's own: blocks rounded "
+          "and split, fragmentation between the loss's 8.4 GB fp32 blocks and the rest; a "
+          "memory snapshot on a GPU would show it")
     print("\nnot modelled, and what it changes:")
     for what in (COMPILE, FLOAT8, ASYNC_TP):
         print(f"  {what}")

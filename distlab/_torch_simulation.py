@@ -194,14 +194,55 @@ def rank_peak_tracker():
     tracked now) and ``open_window()`` / ``window`` (the most bytes since the window opened:
     the peak of one part of a step).
 
+    And per stream, as the CUDA caching allocator pools them: a block freed by a tensor made
+    on one stream is reused only by tensors made on that stream (c10/cuda/CUDACachingAllocator:
+    a free block is looked up by stream and size), so what FSDP2 makes on its side streams (its
+    all-gathers' outputs on the copy-in stream, the reduce-scatters' outputs, which become the
+    sharded gradients, on the reduce-scatter stream) stays reserved apart from what the
+    default stream makes. ``home_now()`` / ``home_window`` are the bytes made on the stream
+    current when the tracker was made; ``side_peaks``: ``{stream: the most bytes alive that
+    were made on it}`` for every other stream; ``home_peak``. (The streams are the device
+    handle's: on the CPU, ``torch.cpu.Stream`` objects FSDP2 makes and enters as on a GPU.)
+
     - ``torch.distributed._tools.mem_tracker.MemTracker``: private, since torch 2.5; its
-      ``_update_peak_stats``, ``_curr_mem_snap``, ``_peak_mem`` and ``_peak_mem_snap`` too. No
-      public replacement (on a GPU, ``torch.cuda.memory._record_memory_history`` and
-      ``torch.cuda.max_memory_allocated`` measure real memory).
+      ``_update_peak_stats``, ``_update_snap`` (an ``_UpdateType`` and a ``_WeakRefInfo``
+      with ``mem_consumed``), ``_curr_mem_snap``, ``_peak_mem`` and ``_peak_mem_snap`` too.
+      No public replacement (on a GPU, ``torch.cuda.memory._record_memory_history`` and
+      ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` measure real memory).
+    - ``torch.cpu.current_stream()``: public; on the CPU a stand-in that FSDP2's
+      ``with device_handle.stream(...)`` sets, since torch 2.1.
     """
-    from torch.distributed._tools.mem_tracker import MemTracker
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker, _UpdateType
 
     class RankPeak(MemTracker):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._home = torch.cpu.current_stream()
+            self._stream_of, self._side_now, self.side_peaks = {}, {}, {}
+            self.home_peak = self.home_window = 0
+
+        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+            if u_type == _UpdateType.ADD:
+                stream = torch.cpu.current_stream()
+                if stream is self._home:
+                    return
+                self._stream_of[winfo] = stream
+                change = winfo.mem_consumed
+            elif u_type == _UpdateType.DEL:
+                stream, change = self._stream_of.pop(winfo, None), -winfo.mem_consumed
+            elif u_type == _UpdateType.SIZE:
+                stream, change = self._stream_of.get(winfo), winfo.mem_consumed - old_mem_consumed
+            else:
+                return
+            if stream is not None:
+                now = self._side_now[stream] = self._side_now.get(stream, 0) + change
+                self.side_peaks[stream] = max(self.side_peaks.get(stream, 0), now)
+
+        def home_now(self) -> int:
+            return self.total_now() - sum(self._side_now.values())
+
         def _pre_fw_hook(self, module, inputs) -> None:
             # A pipeline schedule runs the stage's forward once per microbatch: MemTracker
             # refuses a root module's second forward ("multiple iterative calls"). Its
@@ -217,8 +258,10 @@ def rank_peak_tracker():
         window = 0  # the most bytes (over devices) since `open_window`
 
         def open_window(self) -> int:
-            """Start a window: its peak is the current total; returns that total."""
+            """Start a window: its peak is the current total (``home_window``: of the home
+            stream's bytes); returns that total."""
             self.window = self.total_now()
+            self.home_window = self.home_now()
             return self.window
 
         def total_now(self) -> int:
@@ -230,6 +273,9 @@ def rank_peak_tracker():
                     self._peak_mem[device] = snap["Total"]
                     self._peak_mem_snap[device] = dict(snap)
             self.window = max(self.window, self.total_now())
+            home = self.home_now()
+            self.home_window = max(self.home_window, home)
+            self.home_peak = max(self.home_peak, home)
 
     return RankPeak()
 
@@ -257,3 +303,36 @@ def activation_bytes(tracker, leave_out: set[int]) -> int:
 #:   ``torch.distributed.pipelining.stage``; their first argument ``num_microbatches`` since
 #:   torch 2.4 (backward's since 2.6). No public replacement.
 PIPELINE_STAGE_SETUP = ("_prepare_forward_infra", "_prepare_backward_infra")
+
+
+def unshards_ahead(schedule_class) -> bool:
+    """Whether a pipeline schedule gathers its FSDP stages itself: a runtime schedule
+    (interleaved 1F1B and its kin) runs UNSHARD actions, ``unshard(async_op=True)`` on every
+    FSDP module of the stage, whose all-gathers FSDP2 then makes on the current stream
+    (``get_all_gather_streams``), where FSDP's own pre-forward gather (a single-stage
+    schedule's) uses its side streams.
+
+    - ``torch.distributed.pipelining.schedules._PipelineScheduleRuntime``: private, since
+      torch 2.5. No public replacement.
+    """
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    return issubclass(schedule_class, _PipelineScheduleRuntime)
+
+
+@contextlib.contextmanager
+def gathers_on_current_stream(module):
+    """While active, the FSDP modules in ``module`` gather before forward and backward with
+    ``async_op=True``: on the current stream, as a runtime schedule's UNSHARD actions do
+    (`unshards_ahead`), at the moment FSDP's own hooks would.
+
+    - ``FSDPModule._set_unshard_async_op``: private, since torch 2.6 ("allows the all-gather
+      allocations to happen in the default stream, avoiding inter-stream memory
+      fragmentation"). No public replacement.
+    """
+    module._set_unshard_async_op(True)
+    try:
+        yield
+    finally:
+        module._set_unshard_async_op(False)
+

@@ -33,7 +33,8 @@ def test_the_table_holds_every_row_of_torchtitans_tables_1_to_6():
 
 
 def test_every_modelled_row_is_between_80_and_100_percent_of_measured():
-    """The issue asks 85-100%; the two modelled rows are at 0.82 and 0.86. Predicted is
+    """The issue asks 85-100%; the calculator's allocated peaks are at 0.82 and 0.86 (the
+    simulated rank's reserved floor, below, is in the band). Predicted is
     allocated, measured is the caching allocator's max reserved (never below allocated), so
     above 1.0 would be a calculator counting what a real run does not hold. What the 8B rows
     still miss (about 14 GiB at 8 x 8K tokens) is not known here: fragmentation of the loss's
@@ -42,6 +43,53 @@ def test_every_modelled_row_is_between_80_and_100_percent_of_measured():
     for row, _, gib, ratio in bench.table():
         if row.modelled:
             assert 0.80 <= ratio <= 1.0, (row.label, gib, row.measured_gib)
+
+
+@pytest.fixture(scope="module")
+def simulated_8b():
+    """The two modelled rows' ranks simulated (`bench.reserved`), each in a process of its own."""
+    import distlab
+
+    rows = [r for r in bench.ROWS if r.modelled]
+
+    def run(cases):
+        import os
+
+        from distlab import scale
+
+        model, layout = cases[int(os.environ["RANK"])]
+        return scale.simulate_rank(model, scale.Layout(**layout))
+
+    reports = distlab.launch(run, [(r.model, r.layout) for r in rows], world_size=len(rows),
+                             backend=None, timeout=240, threads=1)
+    by_label = {r.label: rep for r, rep in zip(rows, reports, strict=True)}
+    return rows, by_label
+
+
+@pytest.mark.timeout(300)
+def test_the_modelled_rows_reserved_floor_is_within_85_to_100_percent(simulated_8b):
+    """What torchtitan measured is the caching allocator's max reserved: its blocks pooled by
+    the stream that made them. FSDP2 makes the reduce-scatters' outputs (they become the
+    sharded fp32 gradients) and the all-gathers' outputs on side streams, so those blocks stay
+    reserved beside the activations' even when freed: the floor is 72.6 GiB at FSDP 8 (0.88 of
+    82.4) and 58.5 at FSDP 128 (0.87 of 67.0), where the allocated peak is 0.82 and 0.85."""
+    rows, reports = simulated_8b
+    table = bench.reserved(rows, simulate=lambda row, stage: reports[row.label])
+    for row in rows:
+        report, (peak, held, ratio) = reports[row.label], table[row.label]
+        assert 0.85 <= ratio <= 1.0, (row.label, held, row.measured_gib)
+        # the side streams hold at least the sharded fp32 gradients (4 bytes a parameter
+        # shard), made on the reduce-scatter stream; the rest is the all-gathers' outputs,
+        # the largest unit (the embedding, 1.05 GB in bf16) and the next
+        assert report.side_streams >= report.grads > 0
+        embedding = 128_256 * 4096 * 2
+        assert embedding < report.side_streams - report.grads < 2 * embedding
+        # the peak (at the loss, gradients freed) holds none of the side streams' bytes
+        assert report.reserved == pytest.approx(report.peak + report.side_streams, rel=1e-3)
+    fsdp8, fsdp128 = (reports[r.label] for r in rows)
+    measured = rows[0].measured_gib - rows[1].measured_gib
+    # measured 15.4 GiB apart; the allocated peaks 10.5, the floors 14.1
+    assert (fsdp8.reserved - fsdp128.reserved) / GIB == pytest.approx(measured, abs=1.5)
 
 
 def test_the_8b_rows_difference_points_at_the_sharded_gradients():

@@ -83,6 +83,12 @@ def test_a_replayed_step_equals_running_every_microbatch(pairs, name):
         # one stream tensor, and a few bytes: the loss's scalar
         assert abs(replayed.peak - whole.peak) <= _stream_bytes(layout) + 8, (
             name, stage, replayed.peak, whole.peak)
+        # the caching allocator's floor: the default stream's peak replayed as the total's,
+        # the side streams' (FSDP2's all-gathers and reduce-scatters) the same in both
+        assert abs(replayed.reserved - whole.reserved) <= _stream_bytes(layout) + 8, (
+            name, stage, replayed.reserved, whole.reserved)
+        assert replayed.side_streams == whole.side_streams > 0
+        assert whole.reserved >= whole.peak
         assert replayed.in_flight == whole.in_flight
         assert (replayed.params, replayed.grads, replayed.optimizer) == (
             whole.params, whole.grads, whole.optimizer)

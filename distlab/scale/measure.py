@@ -82,23 +82,30 @@ def measure_step(config, layout, stage, names, model, every_microbatch=False,
                 _accumulate(model, layout, config, loss_fn, first_forward)
                 in_flight, microbatches = 1, layout.accumulate
             before_optimizer, moved_before = tracker.open_window(), Counter(flops.moved_by_op)
+            home_before = tracker.home_window
             optimizer.step()
             optimizer_rise = tracker.window - before_optimizer
+            home_rise = tracker.home_window - home_before
             optimizer_moved = flops.moved - sum(moved_before.values())
         if replayed is None:
             peak = _bytes(tracker.get_tracker_snapshot("peak"), "Total")
+            home_peak = tracker.home_peak
             step_flops, calls = flops.total, tuple(comms.calls)
             step_moved = moved_before
         else:  # the step replayed in the schedule's order, then the optimizer's step
             peak = max(replayed.peak, replayed.end + optimizer_rise)
+            home_peak = max(replayed.home_peak, replayed.home_end + home_rise)
             step_flops, calls, step_moved = replayed.flops, replayed.calls, replayed.moved
+        # the caching allocator's pools: the side streams' blocks are not the default's
+        side = sum(tracker.side_peaks.values())
         numel, p_bytes, g_bytes, opt, steps = _state_bytes(model, optimizer)
     by_op = {op: n // microbatches for op, n in step_moved.most_common() if n >= microbatches}
     return RankReport(
         model=config, layout=layout, rank=rank, coords=coords_of(rank, dims), stage=stage,
         layers=model.layer_ids, numel=numel, params=p_bytes, grads=g_bytes, optimizer=opt,
         optimizer_other=steps, activations=first_forward.total, in_flight=in_flight,
-        peak=peak, flops=step_flops // microbatches, tokens=b * s,
+        peak=peak, reserved=home_peak + side, side_streams=side,
+        flops=step_flops // microbatches, tokens=b * s,
         microbatches=microbatches, collectives=calls,
         moved=sum(step_moved.values()) // microbatches, moved_by_op=by_op,
         optimizer_moved=optimizer_moved,

@@ -168,6 +168,7 @@ class PipelineStep:
             args, kwargs = self._batch(self.microbatches, self.first, self.last)
             self.schedule(loss_fn).step(*args, **kwargs, return_outputs=False)
             return None
+        from torch.distributed.fsdp import FSDPModule
         from torch.distributed.pipelining import ScheduleGPipe
 
         order = self.order(loss_fn) if order is None else order
@@ -176,14 +177,20 @@ class PipelineStep:
         # microbatches (views: nothing more allocated)
         args, kwargs = self._batch(self.microbatches, self.first, self.last)
         rows = self.layout.micro_batch * measured
-        start = recorder.tracker.total_now()
+        start, home_start = recorder.tracker.total_now(), recorder.tracker.home_now()
         with self._recorded(recorder, loss_fn) as recorded_loss:
+            ahead = _torch_simulation.unshards_ahead(_schedule_class(self.layout.schedule))
             for stage in self.stages:
                 recorder.begin()  # the schedule's set-up (its buffers) goes with the first part
-                ScheduleGPipe(stage, measured, loss_fn=recorded_loss).step(
-                    *[a[:rows] for a in args] if stage.is_first else (),
-                    **{k: v[:rows] for k, v in kwargs.items()} if stage.is_last else {},
-                    return_outputs=False)
+                # the schedule's all-gathers on the stream its UNSHARD actions use
+                gathers = (_torch_simulation.gathers_on_current_stream(stage.submod)
+                           if ahead and isinstance(stage.submod, FSDPModule)
+                           else contextlib.nullcontext())
+                with gathers:
+                    ScheduleGPipe(stage, measured, loss_fn=recorded_loss).step(
+                        *[a[:rows] for a in args] if stage.is_first else (),
+                        **{k: v[:rows] for k, v in kwargs.items()} if stage.is_last else {},
+                        return_outputs=False)
                 recorder.end((stage.stage_index, "tail", "last"))
 
         def parts_of(index, kind, place):
@@ -201,7 +208,7 @@ class PipelineStep:
             place = "last" if kind == "R" else which(count, self.microbatches)
             actions.append((index, kind, place))
         actions += [(st.stage_index, "tail", "last") for st in self.stages]
-        return replay(actions, parts_of, start)
+        return replay(actions, parts_of, start, home_start)
 
     @contextlib.contextmanager
     def _recorded(self, recorder: Recorder, loss_fn):

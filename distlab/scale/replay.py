@@ -30,7 +30,9 @@ __all__ = ["Part", "Recorder", "replay", "which"]
 class Part:
     """One measured part of a step: the bytes tracked when it starts (``before``), the most
     while it runs (``top``) and when it ends (``after``); the FLOPs it computed and the
-    collectives it issued; the bytes its memory-bound ops moved, by op (a `Counter`)."""
+    collectives it issued; the bytes its memory-bound ops moved, by op (a `Counter`);
+    ``home``: ``(before, top, after)`` of the bytes made on the default stream alone (the
+    caching allocator's pool that activations share: the tracker's ``home_now``)."""
 
     before: int
     top: int
@@ -38,6 +40,7 @@ class Part:
     flops: int = 0
     calls: tuple = ()
     moved: Counter = field(default_factory=Counter)
+    home: tuple = (0, 0, 0)
 
 
 @dataclass
@@ -57,14 +60,15 @@ class Recorder:
     def begin(self) -> None:
         """The next part starts here."""
         self._mark = (self.tracker.open_window(), self.flops.total, len(self.comms.calls),
-                      Counter(self.flops.moved_by_op))
+                      Counter(self.flops.moved_by_op), self.tracker.home_window)
 
     def end(self, key) -> None:
         """The part since the last `begin` or `end` ends here, as ``key``."""
-        before, flops, calls, moved = self._mark
+        before, flops, calls, moved, home = self._mark
         self.parts.setdefault(key, []).append(Part(
             before, self.tracker.window, self.tracker.total_now(), self.flops.total - flops,
-            tuple(self.comms.calls[calls:]), self.flops.moved_by_op - moved))
+            tuple(self.comms.calls[calls:]), self.flops.moved_by_op - moved,
+            (home, self.tracker.home_window, self.tracker.home_now())))
         self.begin()
 
     @contextlib.contextmanager
@@ -85,26 +89,33 @@ def which(index: int, count: int) -> str:
 @dataclass(frozen=True)
 class Replayed:
     """A replayed step: its ``peak`` bytes, the bytes at its ``end``, its ``flops`` and
-    ``calls`` (the collectives in order), the bytes its memory-bound ops ``moved``, by op."""
+    ``calls`` (the collectives in order), the bytes its memory-bound ops ``moved``, by op;
+    ``home_peak`` and ``home_end``: the same of the default stream's bytes alone."""
 
     peak: int
     end: int
     flops: int
     calls: tuple
     moved: Counter = field(default_factory=Counter)
+    home_peak: int = 0
+    home_end: int = 0
 
 
-def replay(actions, parts_of, start: int) -> Replayed:
+def replay(actions, parts_of, start: int, home_start: int = 0) -> Replayed:
     """Walk ``actions`` (``(stage, kind, microbatch)``), each standing for the measured parts
     ``parts_of(stage, kind, microbatch)`` (a list of `Part`, run one after another), from
-    ``start`` bytes."""
+    ``start`` bytes (``home_start`` of them made on the default stream)."""
     level = peak = start
+    home = home_peak = home_start
     flops, moved, calls = 0, Counter(), []
     for stage, kind, micro in actions:
         for part in parts_of(stage, kind, micro):
             peak = max(peak, level + part.top - part.before)
             level += part.after - part.before
+            before, top, after = part.home
+            home_peak = max(home_peak, home + top - before)
+            home += after - before
             flops += part.flops
             moved.update(part.moved)
             calls.extend(part.calls)
-    return Replayed(peak, level, flops, tuple(calls), moved)
+    return Replayed(peak, level, flops, tuple(calls), moved, home_peak, home)

@@ -27,7 +27,13 @@ class RankReport:
     memory-bound ops (every op but matmuls, attention, views and collectives, each as one
     eager kernel: `instruments.moved_bytes`) of one microbatch's forward and backward, by op
     in ``moved_by_op`` (``{"aten.mul": bytes, ...}``, the largest first), and
-    ``optimizer_moved`` by the optimizer's step."""
+    ``optimizer_moved`` by the optimizer's step; ``reserved``: the least the CUDA caching
+    allocator must hold reserved for the step (a lower bound on ``max_memory_reserved``): its
+    blocks are pooled by the stream that made them, so the peak of the bytes made on the
+    default stream plus each side stream's own peak (``side_streams``: FSDP2's all-gather
+    outputs, and its reduce-scatter outputs, which become the sharded gradients and stay
+    reserved after ``zero_grad`` frees them); no block rounding or fragmentation within a
+    pool counted."""
 
     model: object
     layout: Layout
@@ -50,6 +56,8 @@ class RankReport:
     moved: int = 0
     optimizer_moved: int = 0
     moved_by_op: dict = field(default_factory=dict, repr=False)
+    reserved: int = field(default=0, repr=False)
+    side_streams: int = field(default=0, repr=False)
 
     @property
     def states(self) -> int:
