@@ -76,7 +76,7 @@ def test_the_modelled_rows_reserved_floor_is_within_85_to_100_percent(simulated_
     rows, reports = simulated_8b
     table = bench.reserved(rows, simulate=lambda row, stage: reports[row.label])
     for row in rows:
-        report, (peak, held, ratio) = reports[row.label], table[row.label]
+        report, (_, held, ratio) = reports[row.label], table[row.label]
         assert 0.85 <= ratio <= 1.0, (row.label, held, row.measured_gib)
         # the side streams hold at least the sharded fp32 gradients (4 bytes a parameter
         # shard), made on the reduce-scatter stream; the rest is the all-gathers' outputs,
