@@ -180,11 +180,15 @@ class MemoryEstimate(Printed):
         Against PyTorch's own code on simulated ranks (bench/calculator_vs_simulation.py,
         notebook 25) it is within 4% without checkpointing and within 13% with it; against
         torchtitan's measured H100 runs, bench/memory_vs_torchtitan.py."""
+        return self._peak(sharded_grads=True)
+
+    def _peak(self, sharded_grads: bool) -> int:
+        """``peak``; without ``sharded_grads``, of all but the sharded gradients."""
         if self.virtual_stages > 1:  # moment by moment along torch's order, stage by stage
             from .pipeline import interleaved_peak
 
-            return interleaved_peak(self)
-        grads = self.unsharded_grads or self.grads
+            return interleaved_peak(self, sharded_grads)
+        grads = self.unsharded_grads or (self.grads if sharded_grads else 0)
         held = (self.params + self.optimizer + self.activations + self.gathered
                 + self.buffers)
         # backward: the gradients there (as if all at once), and a layer recomputed or, at
@@ -195,6 +199,47 @@ class MemoryEstimate(Printed):
         # freed the last step's), unless accumulated unsharded from earlier microbatches
         loss = held + self.unsharded_grads + self.loss_transient
         return max(backward, loss)
+
+    @property
+    def side_streams(self) -> int:
+        """The bytes FSDP2 makes on its side streams at their most: its reduce-scatters'
+        outputs, which become the sharded gradients (``grads``), and, where FSDP's own hooks
+        gather (not an interleaved schedule: its UNSHARD actions gather on the current
+        stream), the all-gathers' outputs in flight: a unit's and the next one's, prefetched,
+        with the first's copy-in (its shard cast to the compute dtype). 0 without FSDP.
+        Against PyTorch's own code on simulated ranks: equal for dense models (FSDP's padding
+        aside), within 1% for a mixture of experts (whose blocks FSDP gathers in more units)."""
+        m, shards = self.model, self.dp * self.cp
+        if self.zero < 2 or shards == 1 or not isinstance(m, Transformer):
+            return 0
+        if self.virtual_stages > 1:
+            return self.grads
+        per = ACTIVATION_BYTES[self.precision]
+        cast = per if self.precision == "bf16-fsdp2" else 0  # fp32 shards, bf16 gathers
+        dense, expert = m.layer_parameters(self.tp)
+        layers = len(stage_layers(m.layers, self.pp)[self.stage])
+        embedding = m.end_parameters(self.tp, 2, 0) if self.stage == 0 else 0
+        output = m.end_parameters(self.tp, self.pp, self.stage) - embedding
+        # a mixture's experts are FSDP's over dp / ep ranks: none to gather when that is one
+        experts = expert // self.ep if self.dp // self.ep * self.cp > 1 else 0
+        units = [u for u in (embedding, *[dense + experts] * layers, output) if u]
+        gathers = max(u * (per + cast / shards) + per * after
+                      for u, after in zip(units, [*units[1:], 0], strict=True))
+        return self.grads + int(gathers)
+
+    @property
+    def reserved(self) -> int:
+        """The least the CUDA caching allocator holds reserved for the step: a floor under a
+        measured ``max_memory_reserved``. The allocator pools blocks by the stream that made
+        them (a freed block is reused only on its stream), so what FSDP2 makes on its side
+        streams (``side_streams``) stays apart from the default stream's blocks: the peak of
+        everything else plus ``side_streams``. No block rounding or fragmentation counted.
+        `distlab.scale`'s simulated ranks report the same (``RankReport.reserved``), read off
+        PyTorch's own code."""
+        side = self.side_streams
+        if not side:
+            return self.peak
+        return max(self.peak, self._peak(sharded_grads=False) + side)
 
     @property
     def _late(self) -> int:

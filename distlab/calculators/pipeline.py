@@ -235,7 +235,7 @@ def _interleaved(rank, p, m, v):
     return order
 
 
-def interleaved_peak(est) -> int:
+def interleaved_peak(est, sharded_grads: bool = True) -> int:
     """The peak of an interleaved rank (a `MemoryEstimate` with ``chunks``, the calculator's
     estimates of the rank's stages), moment by moment along torch's order: each stage holds its
     parameters gathered from its first forward to its last backward, its unsharded gradients
@@ -243,7 +243,9 @@ def interleaved_peak(est) -> int:
     microbatch's activations from that forward to its backward. Adding the largest parts (the
     formula for one stage per rank) would count every stage's gathered parameters and
     gradients as alive at once, which the schedule never holds: on Llama-3 405B at PP 8 x v 2
-    that overestimated PyTorch's own schedule (simulated) by 28-40%."""
+    that overestimated PyTorch's own schedule (simulated) by 28-40%. Without
+    ``sharded_grads``: the peak of all but the sharded gradients (FSDP2 makes them on its
+    reduce-scatter stream: `MemoryEstimate.reserved`)."""
     p, chunks = est.pp, est.chunks
     order = _interleaved(est.stage, p, est.microbatches or p, est.virtual_stages)
     last_b = {stage // p: i for i, (kind, stage, _) in enumerate(order) if kind == "B"}
@@ -262,10 +264,10 @@ def interleaved_peak(est) -> int:
             backward.add(c)
         done = {k for k in backward if last_b[k] < i}
         gathered = sum(chunks[k].gathered for k in started - done)
-        grads = est.grads
+        grads = est.grads if sharded_grads else 0
         if est.unsharded_grads:
             grads = (sum(chunks[k].unsharded_grads for k in backward - done)
-                     + sum(shard[k] for k in done))
+                     + sharded_grads * sum(shard[k] for k in done))
         now = base + gathered + grads + activations
         if kind == "F":
             peak = max(peak, now + chunk.loss_transient)

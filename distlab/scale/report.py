@@ -28,12 +28,14 @@ class RankReport:
     eager kernel: `instruments.moved_bytes`) of one microbatch's forward and backward, by op
     in ``moved_by_op`` (``{"aten.mul": bytes, ...}``, the largest first), and
     ``optimizer_moved`` by the optimizer's step; ``reserved``: the least the CUDA caching
-    allocator must hold reserved for the step (a lower bound on ``max_memory_reserved``): its
-    blocks are pooled by the stream that made them, so the peak of the bytes made on the
-    default stream plus each side stream's own peak (``side_streams``: FSDP2's all-gather
-    outputs, and its reduce-scatter outputs, which become the sharded gradients and stay
-    reserved after ``zero_grad`` frees them); no block rounding or fragmentation within a
-    pool counted."""
+    allocator must hold reserved for this step (a floor under its ``max_memory_reserved``,
+    while nothing empties the cache: no ``empty_cache``, no allocation retried after a
+    failure): its blocks are pooled by the stream that made them, so the peak of the bytes
+    made on the default stream plus each side stream's own peak (``side_streams``: FSDP2's
+    all-gather outputs, and its reduce-scatter outputs, which become the sharded gradients and
+    stay reserved after ``zero_grad`` frees them); no block rounding or fragmentation counted.
+    A storage resized is charged to the stream that made it (FSDP2 resizes its unsharded
+    parameters on the default stream)."""
 
     model: object
     layout: Layout
