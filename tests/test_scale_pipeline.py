@@ -3,9 +3,10 @@ microbatches and replayed in the schedule's order (`scale.replay`), against runn
 microbatch of the step (`simulate_rank(..., every_microbatch=True)`).
 
 What must agree: the FLOPs and every collective (kind, mesh axis, bytes) exactly; the peak
-within one tensor of the residual stream and the loss's scalar (references that one
-schedule's loop drops a microbatch later than GPipe's, which the measurement runs; at Llama-3
-405B's first stage, 16 microbatches, the two peaks are equal to the byte). The layouts have 6
+within one tensor of the residual stream for each of a rank's stages but one, and the loss's
+scalar (references that one schedule's loop drops a microbatch later than GPipe's, which the
+measurement runs; at Llama-3 405B's first stage, 16 microbatches, the two peaks are equal to
+the byte). The layouts have 6
 or more microbatches, so that a middle one is replayed several times.
 """
 
@@ -30,6 +31,10 @@ LAYOUTS = {
     "GPipe": L(dp=2, pp=2, seq_len=128, microbatches=5, schedule="GPipe"),
     "Interleaved1F1B": L(dp=2, pp=2, seq_len=128, microbatches=4, schedule="Interleaved1F1B",
                          virtual_stages=2),
+    # 4 stages a rank: more than torch keeps gathered at once (3), so its schedule reshards a
+    # stage between two of its computations and gathers it again (replayed as "X" and "U")
+    "Interleaved1F1B v=4": L(dp=2, pp=2, seq_len=128, microbatches=4,
+                             schedule="Interleaved1F1B", virtual_stages=4),
     "1F1B tp, full recomputation": L(dp=2, tp=2, pp=2, seq_len=128, microbatches=6,
                                      checkpointing="full"),
 }
@@ -80,12 +85,13 @@ def test_a_replayed_step_equals_running_every_microbatch(pairs, name):
         calls = Counter((c.kind, c.axis, c.nbytes) for c in replayed.collectives)
         assert calls == Counter((c.kind, c.axis, c.nbytes) for c in whole.collectives), (
             name, stage)
-        # one stream tensor, and a few bytes: the loss's scalar
-        assert abs(replayed.peak - whole.peak) <= _stream_bytes(layout) + 8, (
+        # a stream tensor for each stage of the rank but one, and a few bytes: the loss's scalar
+        close = (layout.virtual_stages - 1 or 1) * _stream_bytes(layout) + 8
+        assert abs(replayed.peak - whole.peak) <= close, (
             name, stage, replayed.peak, whole.peak)
         # the caching allocator's floor: the default stream's peak replayed as the total's,
         # the side streams' (FSDP2's all-gathers and reduce-scatters) the same in both
-        assert abs(replayed.reserved - whole.reserved) <= _stream_bytes(layout) + 8, (
+        assert abs(replayed.reserved - whole.reserved) <= close, (
             name, stage, replayed.reserved, whole.reserved)
         assert replayed.side_streams == whole.side_streams > 0
         assert whole.reserved >= whole.peak

@@ -75,27 +75,32 @@ def order_of(schedule, rank: int) -> list[tuple[int, str, int]]:
     kind, microbatch)`` with kind "F" (forward), "B" (full backward) or "R" (the stage's
     gradient reduction, once, after its last backward; microbatch -1). A runtime schedule
     (interleaved) runs ``pipeline_order_with_comms``: its sends and receives are left out here
-    (the measured parts hold them), as are FSDP's unshard and reshard when a stage's reshard
-    comes after its last computation (anything else is refused: not replayed)."""
+    (the measured parts hold them); so are FSDP's unshard before a stage's first computation
+    (the first forward's part holds the gather) and its reshard after the last. With more
+    stages on a rank than it keeps gathered at once (torch keeps 3), the schedule reshards a
+    stage between two of its computations and gathers it again before the next: those are
+    kinds "X" (reshard) and "U" (unshard), microbatch -1."""
     kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "REDUCE_GRAD": "R"}
-    skipped = {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD"}
-    order = getattr(schedule, "pipeline_order_with_comms", None) or schedule.pipeline_order
-    actions, resharded = [], set()
-    for action in order[rank]:
-        if action is None:
+    order = [a for a in (getattr(schedule, "pipeline_order_with_comms", None)
+                         or schedule.pipeline_order)[rank] if a is not None]
+    last = {a.stage_index: i for i, a in enumerate(order)
+            if a.computation_type.name in kinds}
+    actions, used = [], set()
+    for i, action in enumerate(order):
+        name, index = action.computation_type.name, action.stage_index
+        if name in ("UNSHARD", "RESHARD"):
+            if index in used and i < last.get(index, -1):  # between two of its computations
+                actions.append((index, "U" if name == "UNSHARD" else "X", -1))
             continue
-        name = action.computation_type.name
-        if name == "RESHARD":
-            resharded.add(action.stage_index)
-        if name in skipped:
+        if name in ("SEND_F", "RECV_F", "SEND_B", "RECV_B"):
             continue
-        if name not in kinds or action.stage_index in resharded:
+        if name not in kinds:
             raise NotImplementedError(
                 f"{action} in the schedule's order: the simulation replays forwards, full "
-                "backwards and gradient reductions, with each stage's parameters gathered "
-                "until its last")
+                "backwards, gradient reductions and FSDP's unshards and reshards")
+        used.add(index)
         micro = action.microbatch_index if action.microbatch_index is not None else -1
-        actions.append((action.stage_index, kinds[name], micro))
+        actions.append((index, kinds[name], micro))
     return actions
 
 
@@ -192,6 +197,16 @@ class PipelineStep:
                         **{k: v[:rows] for k, v in kwargs.items()} if stage.is_last else {},
                         return_outputs=False)
                 recorder.end((stage.stage_index, "tail", "last"))
+            if any(kind in "UX" for _, kind, _ in order):
+                for stage in self.stages:  # one gather again and one reshard, each measured
+                    modules = [m for m in stage.submod.modules() if isinstance(m, FSDPModule)]
+                    recorder.begin()
+                    for handle in [m.unshard(async_op=True) for m in modules]:
+                        handle.wait()
+                    recorder.end((stage.stage_index, "U", "last"))
+                    for m in modules:
+                        m.reshard()
+                    recorder.end((stage.stage_index, "X", "last"))
 
         def parts_of(index, kind, place):
             found = list(recorder.parts.get((index, kind, place), [])[:1])
@@ -205,7 +220,7 @@ class PipelineStep:
         seen, actions = {}, []
         for index, kind, _ in order:
             count = seen[index, kind] = seen.get((index, kind), -1) + 1
-            place = "last" if kind == "R" else which(count, self.microbatches)
+            place = "last" if kind in "RUX" else which(count, self.microbatches)
             actions.append((index, kind, place))
         actions += [(st.stage_index, "tail", "last") for st in self.stages]
         return replay(actions, parts_of, start, home_start)
