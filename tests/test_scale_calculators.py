@@ -97,6 +97,9 @@ def real_sizes():
         # largest parts held both stages' gathered parameters and gradients at once: 11% over)
         "405B interleaved, rank 0": ("Llama-3 405B", _INTERLEAVED, 0),
         "405B interleaved, rank 15": ("Llama-3 405B", _INTERLEAVED, 15),
+        # 4 stages a rank: torch's schedule reshards and gathers a stage again between uses
+        "405B interleaved v=4, rank 15": ("Llama-3 405B", L(
+            dp=8, tp=8, pp=16, seq_len=8192, schedule="Interleaved1F1B", virtual_stages=4), 15),
     }
     return dict(zip(cases, _simulate_each(list(cases.values())), strict=True))
 
