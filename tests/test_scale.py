@@ -63,7 +63,13 @@ def test_stages_split_126_layers_on_16_as_the_llama3_paper():
     assert scale.distinct_stages(126, 16) == [0, 1, 15]
     assert scale.distinct_stages(10, 4) == [0, 1, 3] and scale.distinct_stages(8, 1) == [0]
     with pytest.raises(CalculatorError, match="at least one layer each"):
-        stage_layers(4, 5)
+        stage_layers(4, 7)
+    # a layer a stage: the first and last may hold only the embedding and the output layer,
+    # as the paper's 126 layers on 16 ranks x 8 stages; not when a stage holds more
+    assert [len(r) for r in stage_layers(126, 128)] == [0] + [1] * 126 + [0]
+    assert [len(r) for r in stage_layers(4, 5)] == [0, 1, 1, 1, 1]
+    with pytest.raises(CalculatorError, match="do not fill pp=6"):
+        stage_layers(8, 6)  # [0, 2, 2, 2, 2, 0] would leave the ends two layers lighter
 
 
 @pytest.mark.quick

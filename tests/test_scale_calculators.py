@@ -100,6 +100,9 @@ def real_sizes():
         # 4 stages a rank: torch's schedule reshards and gathers a stage again between uses
         "405B interleaved v=4, rank 15": ("Llama-3 405B", L(
             dp=8, tp=8, pp=16, seq_len=8192, schedule="Interleaved1F1B", virtual_stages=4), 15),
+        # the paper's text: a layer a stage, the first holding only the embedding
+        "405B interleaved v=8, rank 0": ("Llama-3 405B", L(
+            dp=8, tp=8, pp=16, seq_len=8192, schedule="Interleaved1F1B", virtual_stages=8), 0),
     }
     return dict(zip(cases, _simulate_each(list(cases.values())), strict=True))
 

@@ -34,18 +34,23 @@ def stage_layers(layers: int, pp: int) -> list[range]:
     """The layers of each of ``pp`` pipeline stages. Equal when ``pp`` divides ``layers``;
     otherwise as the Llama 3 paper balances 126 layers on 16 stages: every stage gets
     ``ceil(layers / pp)``, and the first and last stages (which also hold the embedding and the
-    output layer) give up the difference, alternately, one layer at a time. Raises
-    `CalculatorError` when that leaves a stage empty."""
-    check_int(pp, "pp", low=1, high=layers, error=CalculatorError, message=(
+    output layer) give up the difference, alternately, one layer at a time. With a layer a
+    stage, the first and last may end with none (the paper's 126 layers on 128 stages, 16
+    ranks x 8: "the first model chunk on the first stage has only the embedding, and the last
+    model chunk on the last stage has only output projection and loss calculation"). Raises
+    `CalculatorError` when a stage is left empty otherwise."""
+    ends = (f" (or {layers + 1}, {layers + 2}: a layer a stage, the first and the last holding "
+            "only the embedding and the output layer)")
+    check_int(pp, "pp", low=1, high=layers + 2, error=CalculatorError, message=(
         f"pp={pp!r} stages need at least one layer each; the model has {layers}: choose pp in "
-        f"{one_of(divisors(layers))}"))
+        f"{one_of(divisors(layers))}{ends}"))
     per = -(-layers // pp)
     sizes = [per] * pp
     for step in range(per * pp - layers):
         sizes[0 if step % 2 == 0 else -1] -= 1
-    if min(sizes) < 1:
+    if min(sizes) < (0 if per == 1 else 1) or (pp == 1 and sizes[0] < 1):
         raise CalculatorError(f"{layers} layers do not fill pp={pp} stages; choose pp in "
-                              f"{one_of(divisors(layers))}")
+                              f"{one_of(divisors(layers))}{ends}")
     out, start = [], 0
     for n in sizes:
         out.append(range(start, start + n))

@@ -21,7 +21,7 @@ import torch
 from .. import _torch_simulation
 from .._config import check_int
 from ..calculators._text import CalculatorError
-from ..calculators.models import Transformer, get_model
+from ..calculators.models import Transformer, get_model, stage_layers
 from . import mesh as meshes
 from .layout import Layout
 from .measure import measure_step
@@ -114,9 +114,7 @@ def _check(config, layout: Layout, stage: int) -> None:
     check_int(stage, "stage", low=0, high=layout.pp - 1, error=CalculatorError,
               message=f"stage must be 0 to {layout.pp - 1} (pp={layout.pp}), got {stage!r}")
     config.check_tp(layout.tp)
-    if config.layers < layout.pp * layout.virtual_stages:
-        raise CalculatorError(f"{config.name} has {config.layers} layers: too few for "
-                              f"pp={layout.pp} x virtual_stages={layout.virtual_stages} stages")
+    stage_layers(config.layers, layout.pp * layout.virtual_stages)  # says what would split
     if config.vocab % layout.tp:
         raise CalculatorError(f"tp={layout.tp} does not divide the vocabulary of {config.name} "
                               f"({config.vocab})")
