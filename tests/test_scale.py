@@ -90,6 +90,19 @@ def test_a_layout_that_cannot_work_says_why(kwargs, message):
 
 
 @pytest.mark.quick
+def test_an_interleaved_layout_takes_only_what_torchs_schedule_runs():
+    """torch's ScheduleInterleaved1F1B runs microbatches // pp rounds and refuses a count that
+    does not fill them (its own ValueError, deep in a simulation); the layout says so first and
+    what to choose instead, each of which it takes."""
+    interleaved = dict(pp=2, seq_len=128, schedule="Interleaved1F1B", virtual_stages=2)
+    with pytest.raises(CalculatorError, match=r"microbatches=5: .* 2 rounds .* in 3, 4, 6$"):
+        scale.Layout(microbatches=5, **interleaved)
+    for m in (1, 2, 3, 4, 6, 8):
+        assert scale.Layout(microbatches=m, **interleaved).microbatches == m
+    scale.Layout(microbatches=5, pp=2, seq_len=128)  # 1F1B takes any count
+
+
+@pytest.mark.quick
 def test_what_the_model_does_not_allow_is_refused_before_any_process_starts():
     with pytest.raises(CalculatorError, match="does not divide the 8 key-value heads"):
         scale.lay_out("Llama-3 8B", scale.Layout(tp=16))

@@ -133,6 +133,17 @@ class Layout:
             raise CalculatorError(
                 f"schedule={self.schedule!r} with virtual_stages={self.virtual_stages}: "
                 "Interleaved1F1B runs 2 or more stages per pipeline rank, the others one")
+        if self.virtual_stages > 1:  # torch's interleaved schedule runs its microbatches in
+            # rounds of pp (ScheduleInterleaved1F1B.__init__): a whole number of rounds
+            m = self.microbatches or self.pp
+            rounds = max(1, m // self.pp)
+            if m % rounds:
+                near = sorted((n for n in range(max(1, m - self.pp), m + self.pp + 1)
+                               if n % max(1, n // self.pp) == 0), key=lambda n: abs(n - m))
+                raise CalculatorError(
+                    f"microbatches={m}: torch's Interleaved1F1B runs them in {rounds} rounds "
+                    f"(microbatches // pp={self.pp}) and needs as many in each; choose "
+                    f"microbatches in {one_of(sorted(near[:4]))}")
         if self.dp % self.ep:
             raise CalculatorError(f"ep={self.ep} must divide dp={self.dp}: expert parallelism "
                                   f"borrows dp ranks; choose ep in {one_of(divisors(self.dp))}")
