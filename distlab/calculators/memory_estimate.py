@@ -71,6 +71,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .._config import check_int
+from . import fsdp_units
 from ._text import GB, CalculatorError, Printed, choice, divisors, one_of, positive_int
 from .activation_terms import IMPLEMENTATIONS, LOSSES, llama_terms, loss_transient
 from .models import LinearStack, Params, Transformer, describe, get_model, stage_layers
@@ -209,23 +210,7 @@ class MemoryEstimate(Printed):
         with the first's copy-in (its shard cast to the compute dtype). 0 without FSDP.
         Against PyTorch's own code on simulated ranks: equal for dense models (FSDP's padding
         aside), within 1% for a mixture of experts (whose blocks FSDP gathers in more units)."""
-        m, shards = self.model, self.dp * self.cp
-        if self.zero < 2 or shards == 1 or not isinstance(m, Transformer):
-            return 0
-        if self.virtual_stages > 1:
-            return self.grads
-        per = ACTIVATION_BYTES[self.precision]
-        cast = per if self.precision == "bf16-fsdp2" else 0  # fp32 shards, bf16 gathers
-        dense, expert = m.layer_parameters(self.tp)
-        layers = len(stage_layers(m.layers, self.pp)[self.stage])
-        embedding = m.end_parameters(self.tp, 2, 0) if self.stage == 0 else 0
-        output = m.end_parameters(self.tp, self.pp, self.stage) - embedding
-        # a mixture's experts are FSDP's over dp / ep ranks: none to gather when that is one
-        experts = expert // self.ep if self.dp // self.ep * self.cp > 1 else 0
-        units = [u for u in (embedding, *[dense + experts] * layers, output) if u]
-        gathers = max(u * (per + cast / shards) + per * after
-                      for u, after in zip(units, [*units[1:], 0], strict=True))
-        return self.grads + int(gathers)
+        return fsdp_units.side_streams(self, ACTIVATION_BYTES[self.precision])
 
     @property
     def reserved(self) -> int:
@@ -490,7 +475,8 @@ def memory_per_device(
         loss_parallel=bool(loss_parallel), replicate=replicate,
         reshard_after_forward=bool(reshard_after_forward), in_flight=in_flight,
         per_microbatch=per_microbatch, terms=tuple(terms),
-        gathered=_gathered(m, tp, pp, stage, zero, precision, ep, bool(reshard_after_forward)),
+        gathered=fsdp_units.gathered(m, tp, pp, stage, zero, ACTIVATION_BYTES[precision], ep,
+                                     bool(reshard_after_forward)),
         recomputed=_recomputed(m, checkpointing, **kw),
         implementation=implementation, loss=loss, schedule=schedule,
         virtual_stages=virtual_stages, grad_sync=grad_sync, unsharded_grads=unsharded,
@@ -540,23 +526,6 @@ def _recomputed(m, checkpointing, **kw) -> int:
     kept = _activation_terms(m, checkpointing=checkpointing, **kw)
     layers = len(stage_layers(m.layers, kw["pp"])[kw["stage"]])
     return (sum(b for _, b in whole) - sum(b for _, b in kept)) // layers
-
-
-def _gathered(m, tp, pp, stage, zero, precision, ep, reshard_after_forward) -> int:
-    """Bytes of parameters gathered for computing, in the compute dtype (see ``peak``)."""
-    if zero < 2 or not isinstance(m, Transformer):
-        return 0
-    per = ACTIVATION_BYTES[precision]
-    dense, expert = m.layer_parameters(tp)
-    layer = dense + expert // ep
-    if zero == 2 or pp > 1 or not reshard_after_forward:  # every unit, forward to backward
-        layers = len(stage_layers(m.layers, pp)[stage])
-        return (layers * layer + m.end_parameters(tp, pp, stage)) * per
-    # ZeRO-3 alone: the last block and (on the last stage) the norm and output layer stay
-    # gathered for the backward that starts with them, as torchtitan sets its units up; then
-    # the block computing and the one prefetched
-    output = m.end_parameters(tp, pp, stage) - (m.end_parameters(tp, 2, 0) if stage == 0 else 0)
-    return (2 * layer + output) * per
 
 
 def _check_layout(m, dp, cp, ep, seq_len, checkpointing) -> None:
