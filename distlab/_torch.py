@@ -280,5 +280,5 @@ def future_type() -> type:
 # the others are tried on purpose (`make test-torch TORCH_VERSION=2.13.0`, `make test-latest`), and
 # the README's "Which torch" table says what differs on each. tests/test_project_files.py keeps
 # LOCKED equal to the Makefile's pin.
-LOCKED = "2.14.1"
+LOCKED = "2.15.0"
 TRIED = ("2.13.0", "2.14.1", "2.15.0")

@@ -13,7 +13,7 @@ its place. ``--keep`` keeps every pin that still fits, so that a new torch moves
 needs; without it every package moves to its newest release.
 
 uv resolves (``uv pip compile --universal``): one file with environment markers for Linux, macOS
-and Windows (WSL2 is Linux) and Python 3.10 and later; pip installs from it.
+and Windows (WSL2 is Linux) and Python 3.11 and later (torch 2.15 needs 3.11); pip installs from it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ ROOT = HERE.parent
 LOCK = HERE / "lock.txt"
 HEADER = """\
 # The exact version of every package `make lab` / `make test` install (transitive ones too), for
-# Linux, macOS and Python >= 3.10: written by `make lock` (requirements/lock.py), never by hand.
+# Linux, macOS and Python >= 3.11: written by `make lock` (requirements/lock.py), never by hand.
 # torch is not here: the Makefile installs torch=={torch} first, with this file as constraints.
 # Refresh it on purpose: `make test-latest` first (the newest releases pyproject.toml allows),
 # then `make lock` and `make test`, and commit the lock with the notebooks it passed with.
@@ -109,7 +109,7 @@ def main() -> int:
     command = [
         args.uv, "pip", "compile", "pyproject.toml", "--extra", "dev",
         str(deps.relative_to(ROOT)), "--override", str(override.relative_to(ROOT)),
-        "--no-emit-package", "torch", "--universal", "--python-version", "3.10",
+        "--no-emit-package", "torch", "--universal", "--python-version", "3.11",
         "--no-header", "--quiet", "-o", str(args.output),
     ] + ([] if args.keep else ["--upgrade"])  # fmt: skip
     subprocess.run(command, cwd=ROOT, check=True)
