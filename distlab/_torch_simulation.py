@@ -336,3 +336,17 @@ def gathers_on_current_stream(module):
     finally:
         module._set_unshard_async_op(False)
 
+
+
+def pipeline_action_kinds() -> frozenset[str]:
+    """The names of every kind of action torch's pipeline schedules can put in an order
+    (``FORWARD``, ``FULL_BACKWARD``, ``SEND_F``, ... ; torch 2.15 added ``WAIT_SEND_F``,
+    ``WAIT_SEND_B`` and ``WAIT_REDUCE_GRAD`` to the orders its schedules emit).
+
+    - ``torch.distributed.pipelining.schedules._ComputationType``: private, since torch 2.5
+      (its members change between releases: that is why `scale.pipeline` classifies each). No
+      public replacement.
+    """
+    from torch.distributed.pipelining.schedules import _ComputationType
+
+    return frozenset(kind.name for kind in _ComputationType)

@@ -87,11 +87,17 @@ def test_a_replayed_step_equals_running_every_microbatch(pairs, name):
             name, stage)
         # a stream tensor for each stage of the rank but one, and a few bytes: the loss's scalar
         close = (layout.virtual_stages - 1 or 1) * _stream_bytes(layout) + 8
-        assert abs(replayed.peak - whole.peak) <= close, (
+        # torch 2.15's interleaved schedule defers its backward sends' waits to the end of the
+        # step; the replay holds each such send's gradient from its SEND_B to its wait, and comes
+        # out at most two stream tensors a stage above running every microbatch (never below):
+        # some of those sends are let go earlier than their wait (not yet explained)
+        above = (2 * layout.virtual_stages * _stream_bytes(layout)
+                 if layout.schedule == "Interleaved1F1B" and distlab.torch_at_least("2.15") else 0)
+        assert -close <= replayed.peak - whole.peak <= close + above, (
             name, stage, replayed.peak, whole.peak)
         # the caching allocator's floor: the default stream's peak replayed as the total's,
         # the side streams' (FSDP2's all-gathers and reduce-scatters) the same in both
-        assert abs(replayed.reserved - whole.reserved) <= close, (
+        assert -close <= replayed.reserved - whole.reserved <= close + above, (
             name, stage, replayed.reserved, whole.reserved)
         assert replayed.side_streams == whole.side_streams > 0
         assert whole.reserved >= whole.peak
@@ -159,3 +165,94 @@ def test_in_flight_counts_forwards_not_yet_backed():
     actions = [(0, "F", 0), (0, "F", 1), (0, "B", 0), (0, "F", 2), (0, "B", 1), (0, "B", 2),
                (0, "R", -1)]
     assert in_flight(actions) == 2
+
+
+# --- every kind of action torch's schedules emit: replayed, a no-op, or refused by name ---
+
+def test_every_kind_of_action_torch_knows_is_replayed_a_no_op_or_refused():
+    """A torch that adds a kind of pipeline action fails here (on the locked release and on
+    the one before, `make test-previous`), not in a learner's simulation."""
+    from distlab import _torch_simulation
+    from distlab.scale.pipeline import FSDP, NO_OPS, NOT_RUN, REPLAYED, SEND_WAITS
+
+    classified = [*REPLAYED, *FSDP, *SEND_WAITS, *NO_OPS, *NOT_RUN]
+    assert len(classified) == len(set(classified)), "a kind classified twice"
+    assert _torch_simulation.pipeline_action_kinds() == set(classified)
+
+
+def _orders(schedule_name, pp, virtual_stages, microbatches):
+    """Every rank's order under torch's schedule ``schedule_name`` (built on a fake process
+    group, with tiny stages: the order does not depend on what a stage computes)."""
+    import torch
+
+    from distlab import _torch_simulation
+    from distlab.scale.pipeline import _schedule_class
+
+    cls, orders = _schedule_class(schedule_name), []
+    for rank in range(pp):
+        with _torch_simulation.fake_world(rank, pp):
+            from torch.distributed.pipelining import PipelineStage
+
+            x = torch.empty(2, 4, requires_grad=True)
+            stages = [PipelineStage(torch.nn.Linear(4, 4), rank + k * pp, pp * virtual_stages,
+                                    torch.device("cpu"), input_args=x, output_args=x)
+                      for k in range(virtual_stages)]
+            schedule = (cls(stages, microbatches, loss_fn=lambda out, target: out.sum())
+                        if schedule_name == "Interleaved1F1B"
+                        else cls(stages[0], microbatches, loss_fn=lambda out, target: out.sum()))
+            orders.append((schedule, rank))
+    return orders
+
+
+@pytest.mark.parametrize("schedule_name, pp, virtual_stages, microbatches", [
+    ("1F1B", 2, 1, 6), ("1F1B", 4, 1, 8), ("GPipe", 2, 1, 5),
+    ("Interleaved1F1B", 2, 2, 4), ("Interleaved1F1B", 2, 4, 4), ("Interleaved1F1B", 4, 2, 8)])
+def test_every_action_a_schedule_emits_is_one_the_replay_knows(
+        schedule_name, pp, virtual_stages, microbatches):
+    from distlab.scale.pipeline import FSDP, NO_OPS, REPLAYED, SEND_WAITS, order_of
+
+    for schedule, rank in _orders(schedule_name, pp, virtual_stages, microbatches):
+        order = (getattr(schedule, "pipeline_order_with_comms", None)
+                 or schedule.pipeline_order)[rank]
+        kinds = {a.computation_type.name for a in order if a is not None}
+        assert kinds <= {*REPLAYED, *FSDP, *SEND_WAITS, *NO_OPS}, kinds
+        replayed = order_of(schedule, rank)
+        # every microbatch's forward and backward of every stage of the rank, once, and one
+        # reduction per stage
+        sends_waited = sum(a.computation_type.name == "WAIT_SEND_B" for a in order if a)
+        for kind, count in (("F", microbatches), ("B", microbatches), ("R", 1)):
+            assert Counter(k for _, k, _ in replayed)[kind] == count * virtual_stages, (
+                rank, kind)
+        # each backward send whose wait the schedule defers is held until that wait
+        assert Counter(k for _, k, _ in replayed)["HB"] == sends_waited
+        assert Counter(k for _, k, _ in replayed)["WB"] == sends_waited
+        if schedule_name == "Interleaved1F1B" and distlab.torch_at_least("2.15"):
+            assert {"WAIT_SEND_F", "WAIT_SEND_B"} <= kinds  # what broke notebook 25 on 2.15
+
+
+def test_an_action_the_replay_does_not_know_stops_the_simulation_with_its_name():
+    from types import SimpleNamespace
+
+    from distlab.scale.pipeline import order_of
+
+    schedule, rank = _orders("Interleaved1F1B", 2, 2, 4)[0]
+    order = list(schedule.pipeline_order_with_comms[rank])
+    future = SimpleNamespace(computation_type=SimpleNamespace(name="PREFETCH_F"),
+                             stage_index=0, microbatch_index=0)
+    for planted in (future, *[SimpleNamespace(
+            computation_type=SimpleNamespace(name=name), stage_index=0, microbatch_index=0)
+            for name in ("BACKWARD_WEIGHT", "OVERLAP_F_B")]):
+        schedule.pipeline_order_with_comms = {rank: [*order[:3], planted, *order[3:]]}
+        with pytest.raises(NotImplementedError, match=planted.computation_type.name):
+            order_of(schedule, rank)
+    # a reduction's wait moved away from its reduction (deferred): refused, not misreplayed
+    if any(a.computation_type.name == "WAIT_REDUCE_GRAD" for a in order):
+        # after the stage's next computation, as torch's defer_reduce_grad_wait places it
+        first = next(i for i, a in enumerate(order)
+                     if a is not None and a.computation_type.name == "WAIT_REDUCE_GRAD")
+        later = next(i for i, a in enumerate(order) if i > first and a is not None
+                     and a.computation_type.name in ("FORWARD", "FULL_BACKWARD"))
+        moved = [*order[:first], *order[first + 1:later + 1], order[first], *order[later + 1:]]
+        schedule.pipeline_order_with_comms = {rank: moved}
+        with pytest.raises(NotImplementedError, match="does not follow its REDUCE_GRAD"):
+            order_of(schedule, rank)

@@ -38,9 +38,10 @@ import contextlib
 import torch
 
 from .. import _torch_simulation
-from .replay import Recorder, replay, which
+from .replay import Part, Recorder, replay, which
 
-__all__ = ["SCHEDULES", "PipelineStep", "chunk_indices", "in_flight", "order_of"]
+__all__ = ["FSDP", "NOT_RUN", "NO_OPS", "REPLAYED", "SCHEDULES", "SEND_WAITS", "PipelineStep",
+           "chunk_indices", "in_flight", "order_of"]
 
 #: The schedules a simulated pipeline rank runs, by the names torch gives them.
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
@@ -70,37 +71,99 @@ def in_flight(actions) -> int:
     return most
 
 
+#: What the replay does with each kind of action torch's schedules emit (``_ComputationType``
+#: names, torch 2.14 and 2.15, for the `SCHEDULES`): the kinds replayed from a measured part, by
+#: the letter `order_of` gives them ...
+REPLAYED = {"FORWARD": "F", "FULL_BACKWARD": "B", "REDUCE_GRAD": "R"}
+#: ... FSDP's gathers and reshards: replayed ("U", "X") only between two of a stage's
+#: computations; the first gather and the last reshard are in the measured parts ...
+FSDP = {"UNSHARD": "U", "RESHARD": "X"}
+#: ... torch 2.15's waits on sends: a runtime schedule keeps a backward send's tensors (the
+#: input's gradient) until its WAIT_SEND_B, which it defers to the end of the step, where GPipe,
+#: which the parts are measured under, lets go of them at once. So the bytes one such send holds
+#: (measured, per stage) are replayed as held from the SEND_B ("HB") to its wait ("WB"). A
+#: WAIT_SEND_F lets go of an output that the stage's cache holds until its backward, which has
+#: consumed it when the wait comes later (measured: equal to running every microbatch) ...
+SEND_WAITS = {"WAIT_SEND_F": "F", "WAIT_SEND_B": "B"}
+#: ... and the kinds that change neither memory nor FLOPs here, with why. A kind in none of the
+#: three stops the simulation with its name: a torch that adds one is caught by a test
+#: (`tests/test_scale_pipeline.py`), not by a wrong peak.
+NO_OPS = {
+    "SEND_F": "the fake backend completes a send at once and moves nothing; the activation "
+              "sent stays in the stage's cache for its backward anyway",
+    "SEND_B": "likewise, where no WAIT_SEND_B follows it (torch 2.14): the input's gradient it "
+              "sends is freed with the measured backward part",
+    "RECV_F": "the receive buffers are made once, when the schedule first runs (measured with "
+              "the stage's first part, one per microbatch of the step)",
+    "RECV_B": "likewise",
+    "WAIT_REDUCE_GRAD": "torch 2.15: waits for the stage's gradient reduction; no computation "
+                        "comes between it and its REDUCE_GRAD (only receives: "
+                        "``defer_reduce_grad_wait`` off, torch's default and the simulation's), "
+                        "and the measured R part (``perform_reduce_grad``: start and wait) holds "
+                        "both",
+}
+#: The kinds only the schedules the simulator does not run emit (zero-bubble and DualPipe
+#: schedules split a backward into its input and weight halves, or overlap a forward with a
+#: backward): met in an order, they stop it like an unknown kind.
+NOT_RUN = ("BACKWARD_INPUT", "BACKWARD_WEIGHT", "OVERLAP_F_B")
+
+
 def order_of(schedule, rank: int) -> list[tuple[int, str, int]]:
     """Rank ``rank``'s computations in the order its schedule runs them, as ``(stage index,
     kind, microbatch)`` with kind "F" (forward), "B" (full backward) or "R" (the stage's
     gradient reduction, once, after its last backward; microbatch -1). A runtime schedule
-    (interleaved) runs ``pipeline_order_with_comms``: its sends and receives are left out here
-    (the measured parts hold them); so are FSDP's unshard before a stage's first computation
-    (the first forward's part holds the gather) and its reshard after the last. With more
-    stages on a rank than it keeps gathered at once (torch keeps 3), the schedule reshards a
-    stage between two of its computations and gathers it again before the next: those are
-    kinds "X" (reshard) and "U" (unshard), microbatch -1."""
-    kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "REDUCE_GRAD": "R"}
+    (interleaved) runs ``pipeline_order_with_comms``: its sends, receives and (torch 2.15) waits
+    on sends are left out here (`NO_OPS` says why each changes nothing; the measured parts hold
+    what they do); so are FSDP's unshard before a stage's first computation (the first
+    forward's part holds the gather) and its reshard after the last. With more stages on a
+    rank than it keeps gathered at once (torch keeps 3), the schedule reshards a stage between
+    two of its computations and gathers it again before the next: those are kinds "X"
+    (reshard) and "U" (unshard), microbatch -1.
+
+    torch 2.15's waits on sends (`SEND_WAITS`) add kinds "HB" (a backward send's tensors held
+    from here) and "WB" (its wait lets them go), with the microbatch.
+
+    Raises NotImplementedError for a kind of action in none of `REPLAYED`, `FSDP`,
+    `SEND_WAITS`, `NO_OPS` (a newer torch's, or a schedule the simulator does not run)."""
     order = [a for a in (getattr(schedule, "pipeline_order_with_comms", None)
                          or schedule.pipeline_order)[rank] if a is not None]
     last = {a.stage_index: i for i, a in enumerate(order)
-            if a.computation_type.name in kinds}
-    actions, used = [], set()
+            if a.computation_type.name in REPLAYED}
+    waited = {(a.stage_index, SEND_WAITS[a.computation_type.name], a.microbatch_index): i
+              for i, a in enumerate(order) if a.computation_type.name in SEND_WAITS}
+    actions, used, previous = [], set(), None  # previous: the last action that is no send/recv
     for i, action in enumerate(order):
         name, index = action.computation_type.name, action.stage_index
-        if name in ("UNSHARD", "RESHARD"):
+        if name in FSDP:
             if index in used and i < last.get(index, -1):  # between two of its computations
-                actions.append((index, "U" if name == "UNSHARD" else "X", -1))
+                actions.append((index, FSDP[name], -1))
             continue
-        if name in ("SEND_F", "RECV_F", "SEND_B", "RECV_B"):
-            continue
-        if name not in kinds:
+        if name == "WAIT_REDUCE_GRAD" and previous != ("REDUCE_GRAD", index):
             raise NotImplementedError(
-                f"{action} in the schedule's order: the simulation replays forwards, full "
-                "backwards, gradient reductions and FSDP's unshards and reshards")
+                f"{action} does not follow its REDUCE_GRAD: a deferred gradient-reduction wait "
+                "(defer_reduce_grad_wait=True) holds the reduction's buffers longer than the "
+                "measured part does; the simulation runs torch's default (off)")
+        if not name.startswith(("SEND_", "RECV_", "WAIT_SEND_")):
+            previous = (name, index)
+        if name == "WAIT_SEND_B":
+            actions.append((index, "WB", action.microbatch_index))
+            continue
+        if name == "WAIT_SEND_F":  # its output: the backward has consumed it (measured)
+            continue
+        if name == "SEND_B" and (index, "B", action.microbatch_index) in waited:
+            actions.append((index, "HB", action.microbatch_index))
+        if name in NO_OPS:
+            continue
+        if name not in REPLAYED:
+            raise NotImplementedError(
+                f"{action} ({name}) in the schedule's order: the simulation replays "
+                f"{', '.join(REPLAYED)} and FSDP's {' and '.join(FSDP)}, and knows "
+                f"{', '.join(NO_OPS)} change nothing it measures. A new kind of action (a newer "
+                "torch, or a schedule outside distlab.scale.pipeline.SCHEDULES) needs a line in "
+                "distlab/scale/pipeline.py saying what it does to memory and FLOPs")
         used.add(index)
         micro = action.microbatch_index if action.microbatch_index is not None else -1
-        actions.append((index, kinds[name], micro))
+        actions.append((index, REPLAYED[name], micro))
     return actions
 
 
@@ -183,7 +246,8 @@ class PipelineStep:
         args, kwargs = self._batch(self.microbatches, self.first, self.last)
         rows = self.layout.micro_batch * measured
         start, home_start = recorder.tracker.total_now(), recorder.tracker.home_now()
-        with self._recorded(recorder, loss_fn) as recorded_loss:
+        sent = {}  # (stage index, "F" | "B") -> the bytes one send of it holds
+        with self._recorded(recorder, loss_fn, sent) as recorded_loss:
             ahead = _torch_simulation.unshards_ahead(_schedule_class(self.layout.schedule))
             for stage in self.stages:
                 recorder.begin()  # the schedule's set-up (its buffers) goes with the first part
@@ -197,7 +261,7 @@ class PipelineStep:
                         **{k: v[:rows] for k, v in kwargs.items()} if stage.is_last else {},
                         return_outputs=False)
                 recorder.end((stage.stage_index, "tail", "last"))
-            if any(kind in "UX" for _, kind, _ in order):
+            if any(kind in ("U", "X") for _, kind, _ in order):
                 for stage in self.stages:  # one gather again and one reshard, each measured
                     modules = [m for m in stage.submod.modules() if isinstance(m, FSDPModule)]
                     recorder.begin()
@@ -209,6 +273,10 @@ class PipelineStep:
                     recorder.end((stage.stage_index, "X", "last"))
 
         def parts_of(index, kind, place):
+            if kind in ("HB", "WB"):  # a send's tensors held, or let go
+                held = sent[index, kind[1]]
+                before, after = (0, held) if kind[0] == "H" else (held, 0)
+                return [Part(before, max(before, after), after, home=(before, held, after))]
             found = list(recorder.parts.get((index, kind, place), [])[:1])
             if kind == "F":
                 found += recorder.parts.get((index, "loss", place), [])[:1]
@@ -220,15 +288,17 @@ class PipelineStep:
         seen, actions = {}, []
         for index, kind, _ in order:
             count = seen[index, kind] = seen.get((index, kind), -1) + 1
-            place = "last" if kind in "RUX" else which(count, self.microbatches)
+            place = "last" if kind in ("R", "U", "X") else which(count, self.microbatches)
             actions.append((index, kind, place))
         actions += [(st.stage_index, "tail", "last") for st in self.stages]
         return replay(actions, parts_of, start, home_start)
 
     @contextlib.contextmanager
-    def _recorded(self, recorder: Recorder, loss_fn):
+    def _recorded(self, recorder: Recorder, loss_fn, sent: dict):
         """The stages' forward, backward and reduction, and the loss, each measured as a part
-        keyed ``(stage index, "F" | "B" | "R" | "loss", which microbatch)``."""
+        keyed ``(stage index, "F" | "B" | "R" | "loss", which microbatch)``; ``sent`` is given
+        the bytes of the tensors one send of each stage holds, by ``(stage index, "F" | "B")``
+        (none when the stage sends nothing that way)."""
         measured = min(self.microbatches, self.MEASURED)
         current = {}
 
@@ -250,6 +320,18 @@ class PipelineStep:
             with recorder.part((self.stages[-1].stage_index, "loss", current["place"])):
                 return loss_fn(out, target)
 
+        def sends(stage, name, direction):
+            original = getattr(stage, name)
+
+            def measured(*args, **kwargs):
+                ops = original(*args, **kwargs)
+                storages = {op.tensor.untyped_storage().data_ptr():
+                            op.tensor.untyped_storage().nbytes() for op in ops}
+                sent[stage.stage_index, direction] = sum(storages.values())
+                return ops
+
+            setattr(stage, name, measured)
+
         def whole_step(stage, name):
             # The stage's receive buffers, made when a schedule first runs: one per microbatch
             # of the step, not of the measurement (they stay for the whole step)
@@ -261,8 +343,11 @@ class PipelineStep:
             setattr(stage, name, prepare)
 
         names = ("forward_one_chunk", "backward_one_chunk", "perform_reduce_grad",
-                 *_torch_simulation.PIPELINE_STAGE_SETUP)
+                 "get_fwd_send_ops", "get_bwd_send_ops", *_torch_simulation.PIPELINE_STAGE_SETUP)
         for stage in self.stages:
+            sent[stage.stage_index, "F"] = sent[stage.stage_index, "B"] = 0
+            sends(stage, "get_fwd_send_ops", "F")
+            sends(stage, "get_bwd_send_ops", "B")
             wrap(stage, "forward_one_chunk", "F")
             wrap(stage, "backward_one_chunk", "B")
             wrap(stage, "perform_reduce_grad", "R")
