@@ -177,7 +177,12 @@ def test_every_kind_of_action_torch_knows_is_replayed_a_no_op_or_refused():
 
     classified = [*REPLAYED, *FSDP, *SEND_WAITS, *NO_OPS, *NOT_RUN]
     assert len(classified) == len(set(classified)), "a kind classified twice"
-    assert _torch_simulation.pipeline_action_kinds() == set(classified)
+    torch_kinds = _torch_simulation.pipeline_action_kinds()
+    assert torch_kinds <= set(classified), torch_kinds - set(classified)
+    # what the tables know beyond this torch: only the kinds a newer release added
+    newer = set() if distlab.torch_at_least("2.15") else {
+        "WAIT_SEND_F", "WAIT_SEND_B", "WAIT_REDUCE_GRAD"}
+    assert set(classified) - torch_kinds == newer
 
 
 def _orders(schedule_name, pp, virtual_stages, microbatches):
