@@ -261,3 +261,25 @@ def test_an_action_the_replay_does_not_know_stops_the_simulation_with_its_name()
         schedule.pipeline_order_with_comms = {rank: moved}
         with pytest.raises(NotImplementedError, match="does not follow its REDUCE_GRAD"):
             order_of(schedule, rank)
+
+
+@pytest.mark.parametrize("pp, virtual_stages, microbatches", [(2, 2, 4), (2, 4, 8), (4, 2, 8)])
+def test_torchs_own_activation_liveness_agrees_with_the_simulators_in_flight_count(
+        pp, virtual_stages, microbatches):
+    """torch 2.15's `analyze_pipeline_activation_liveness` (the slots a rank's activations
+    need, from the schedule's order) against `in_flight` over `order_of`: the most
+    microbatch-stages whose forward has run and backward not yet. (Inclusive endpoints: a slot
+    freed by a backward is not reused in the same action, as `in_flight` counts too.)"""
+    if not distlab.torch_at_least("2.15"):
+        pytest.skip("analyze_pipeline_activation_liveness is new in torch 2.15")
+    from torch.distributed.pipelining import analyze_pipeline_activation_liveness
+
+    from distlab.scale.pipeline import chunk_indices, order_of
+
+    for schedule, rank in _orders("Interleaved1F1B", pp, virtual_stages, microbatches):
+        layout = scale.Layout(pp=pp, dp=1, schedule="Interleaved1F1B",
+                              virtual_stages=virtual_stages, microbatches=microbatches)
+        liveness = analyze_pipeline_activation_liveness(
+            schedule, pp_rank=rank, stage_indices=chunk_indices(layout, rank),
+            granularity="stage_microbatch")
+        assert liveness.num_slots == in_flight(order_of(schedule, rank)), (rank, liveness)
