@@ -134,7 +134,8 @@ test-cpu-kernels: setup
 # outputs were made with $(TORCH): on another release the notebooks' first line (the versions)
 # differs by design, so these runs compare with that line's torch release masked
 # (notebooks/sanitize-other-torch.cfg, added to sanitize.cfg for these runs only).
-OTHER_SANITIZE = cat notebooks/sanitize.cfg notebooks/sanitize-other-torch.cfg > $(1)/sanitize.cfg
+OTHER_SANITIZE = cat notebooks/sanitize.cfg notebooks/sanitize-other-torch.cfg $(OTHER_SANITIZE_EXTRA) \
+  > $(1)/sanitize.cfg
 OTHER_PYTEST = DISTLAB_HOME="$(CURDIR)/$(1)/test-home" $(1)/bin/python -m pytest -p no:cacheprovider \
   --nbval-sanitize-with $(1)/sanitize.cfg --durations=10
 
@@ -187,7 +188,8 @@ PREVIOUS_NOTEBOOKS := notebooks/25_at_scale_on_a_laptop.ipynb notebooks/26_three
 test-previous:
 	@if [ -z "$(PREVIOUS_TORCH)" ]; then echo "PREVIOUS_TORCH is empty: skipped"; exit 0; fi; \
 	$(MAKE) --no-print-directory test-torch TORCH_VERSION=$(PREVIOUS_TORCH) \
-	  OTHER_TESTS="$(PREVIOUS_TESTS)" OTHER_NOTEBOOKS="$(PREVIOUS_NOTEBOOKS)"
+	  OTHER_TESTS="$(PREVIOUS_TESTS)" OTHER_NOTEBOOKS="$(PREVIOUS_NOTEBOOKS)" \
+	  OTHER_SANITIZE_EXTRA=notebooks/sanitize-previous-torch.cfg
 
 # Re-execute every notebook in place, top to bottom in a fresh kernel, one at a time so that a
 # failure names its notebook. Run this after changing a notebook or distlab, then commit the result.

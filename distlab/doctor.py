@@ -40,9 +40,9 @@ def _version(dist: str) -> str | None:
 def check_python() -> Check:
     v = platform.python_version()
     return Check(
-        sys.version_info >= (3, 10),
+        sys.version_info >= (3, 11),
         f"Python {v}",
-        "install Python 3.10 or newer (make lab uses python3 from your PATH)",
+        "install Python 3.11 or newer (torch 2.15 needs it; make lab uses python3 from your PATH)",
     )
 
 
