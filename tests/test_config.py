@@ -15,6 +15,7 @@ import pytest
 
 from distlab import _config
 from distlab._config import cgroup_cpu_limit
+from distlab._patience import patience
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,7 +108,7 @@ def test_threads_and_doctor_follow_a_real_cgroup_quota():
         out = subprocess.run(
             ["sh", "-c", f'echo $$ > "{folder}/cgroup.procs" && exec "$0" -c "$1"',
              sys.executable, script],
-            capture_output=True, text=True, timeout=120, cwd=ROOT,
+            capture_output=True, text=True, timeout=patience(120), cwd=ROOT,
         )
     finally:
         for pid in (folder / "cgroup.procs").read_text().split():  # leftovers: none expected
