@@ -116,19 +116,30 @@ test-spawn: setup
 	DISTLAB_HOME="$(TEST_HOME)" DISTLAB_START_METHOD=spawn $(VPY) -m pytest \
 	  --durations=10 $(SPAWN_NOTEBOOKS)
 
-# The notebooks whose numbers come from float arithmetic (Part III) again, with the kernels another
-# CPU runs: ATen's portable kernels instead of AVX-512 ones, oneDNN without AVX-512 (no bf16 dot
-# products in hardware), MKL in its reproducible mode, and 3 threads in the kernel. A stored
-# output that depends on the CPU (the digits of a rounding error) fails here: print the bound it
-# meets instead (distlab.below). `make test` runs it.
-CPU_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=COMPATIBLE \
-  OMP_NUM_THREADS=3
-# (25 is left out: its numbers are bytes and counts of simulated ranks, no float arithmetic.)
-CPU_KERNEL_NOTEBOOKS ?= $(filter-out notebooks/25_%,$(wildcard notebooks/19_*.ipynb \
-  notebooks/2[0-9]_*.ipynb))
+# The notebooks whose numbers come from float arithmetic again, the way other laptops run them,
+# under three configurations a learner's machine really has (none sets oneDNN or MKL switches):
+#  - ATen's portable kernels (ATEN_CPU_CAPABILITY=default: another vector unit, as on Apple
+#    silicon) with the machine's own threads: every such notebook (08-10, 12, 16: the first
+#    losses and averaged gradients; 19-24, 26, 27: Part III). 02, 05 and 07 print bit patterns,
+#    RNG draws and exact fractions; 25's numbers are bytes and counts of simulated ranks.
+#  - One thread (kernel and ranks; this machine's own kernels): where the kernel itself computes
+#    in floats (19's autocast GPT, 22's attention blocks). Here ranks have 1 thread anyway.
+#  - Four threads in the kernel and in every rank (DISTLAB_THREADS: what ranks get on an 8-core
+#    laptop), portable kernels: the notebooks whose ranks reduce large tensors (21, 24, 26, 27)
+#    and 19.
+# About 20 notebook runs: ~2.5 minutes on 2 cores. A stored output that depends on the CPU (the
+# digits of a rounding error, a count at the edge of fp16's range) fails here: print the bound it
+# meets instead (distlab.below, distlab.above). `make test` runs it.
+CPU_NB = $(wildcard $(foreach n,$(1),notebooks/$(n)_*.ipynb))
+CPU_KERNELS_PYTEST := DISTLAB_HOME="$(TEST_HOME)" $(VPY) -m pytest --durations=5
+CPU_KERNEL_NOTEBOOKS ?= $(call CPU_NB,08 09 10 12 16 19 20 21 22 23 24 26 27)
+CPU_ONE_THREAD_NOTEBOOKS ?= $(call CPU_NB,19 22)
+CPU_FOUR_THREAD_NOTEBOOKS ?= $(call CPU_NB,19 21 24 26 27)
 test-cpu-kernels: setup
-	DISTLAB_HOME="$(TEST_HOME)" $(CPU_KERNELS) $(VPY) -m pytest --durations=10 \
-	  $(CPU_KERNEL_NOTEBOOKS)
+	ATEN_CPU_CAPABILITY=default $(CPU_KERNELS_PYTEST) $(CPU_KERNEL_NOTEBOOKS)
+	OMP_NUM_THREADS=1 DISTLAB_THREADS=1 $(CPU_KERNELS_PYTEST) $(CPU_ONE_THREAD_NOTEBOOKS)
+	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=4 DISTLAB_THREADS=4 $(CPU_KERNELS_PYTEST) \
+	  $(CPU_FOUR_THREAD_NOTEBOOKS)
 
 # Other torch releases, each in a venv of its own; nothing here touches .venv or the lock. Stored
 # outputs were made with $(TORCH): on another release the notebooks' first line (the versions)

@@ -36,3 +36,17 @@ def pytest_runtest_makereport(item, call):
         text = printed_by(outputs)
         if text.strip():
             report.sections.append(("printed by the cell", text))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+    """pytest-timeout's limit (pyproject.toml's 300 s, or a test's own mark) suits a quiet
+    machine; on a busy one (a laptop in a video call, CI beside other jobs) every test is slower
+    by the same factor, so the limit is stretched by it (`distlab._patience.slowness`, measured as
+    the test starts). A hang is still stopped, only later."""
+    import pytest_timeout
+
+    from distlab._patience import patience
+
+    return pytest_timeout.pytest_timeout_set_timer(
+        item, settings._replace(timeout=patience(settings.timeout)))

@@ -99,7 +99,17 @@ def process_group_rank() -> tuple[int | None, int | None]:
 
 
 def default_threads(world_size: int) -> int:
-    """Threads per rank when none are asked for: the cores shared out, at least one each."""
+    """Threads per rank when none are asked for: the cores shared out, at least one each; or
+    ``DISTLAB_THREADS`` from the environment (a whole number >= 1), to see what ranks print on a
+    machine with more cores (`make test-cpu-kernels` runs the notebooks so).
+
+    Raises ValueError if ``DISTLAB_THREADS`` is set to anything but a whole number >= 1."""
+    said = os.environ.get("DISTLAB_THREADS")
+    if said:
+        if not said.strip().isdigit() or int(said) < 1:
+            raise ValueError(f"DISTLAB_THREADS={said!r}: it must be a whole number >= 1 (threads "
+                             "per rank); unset it to share this machine's cores out")
+        return int(said)
     return max(1, cpu_cores() // world_size)
 
 

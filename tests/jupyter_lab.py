@@ -3,7 +3,13 @@ workshop participant does (tests/test_browser.py, tests/test_browser_calculators
 
 `serve` starts JupyterLab from this environment (loopback, a free port, a token) on a folder;
 `in_chromium` opens Debian's Chromium, driven by Playwright, and hands a page to the test;
-`clear_all_outputs` empties a notebook's outputs from JupyterLab's own menu.
+`clear_all_outputs` empties a notebook's outputs from JupyterLab's own menu; `until_shown` waits
+for something to appear for as long as the notebook keeps moving.
+
+No wait here is a fixed wall clock: a busy machine (a laptop in a video call, CI beside other
+jobs) is slower, not broken. Each limit suits a quiet machine and is stretched by
+`distlab._patience.patience`, what the machine's load says at the time of the wait; and a wait for
+a notebook's output fails only when the page has stopped changing for that long.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from distlab._patience import patience
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -50,7 +58,8 @@ def lab_settings(folder: Path) -> Path:
 def serve(root: Path, tmp_path: Path, **env: str):
     """JupyterLab serving the notebooks in ``root``, its configuration, settings and log
     (``lab.log``) in ``tmp_path``, with ``env`` added to its environment; yields ``(url,
-    token)`` once it answers (RuntimeError with the log's end if it does not within 60 s)."""
+    token)`` once it answers (RuntimeError with the log's end if it does not within 60 s, stretched
+    on a busy machine)."""
     port, token = free_port(), secrets.token_hex(16)
     proc = subprocess.Popen(
         [
@@ -71,7 +80,7 @@ def serve(root: Path, tmp_path: Path, **env: str):
         ),
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + patience(60)
     while True:
         try:
             urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
@@ -86,7 +95,7 @@ def serve(root: Path, tmp_path: Path, **env: str):
     finally:
         proc.terminate()
         try:
-            proc.wait(20)
+            proc.wait(patience(20))
         except subprocess.TimeoutExpired:
             proc.kill()
 
@@ -127,9 +136,68 @@ def clear_all_outputs(page) -> None:
         page.locator(".lm-MenuBar-item", has_text="Edit").click()
         page.locator(".lm-Menu-itemLabel", has_text="Clear Outputs of All Cells").click()
         try:
-            expect(outputs).to_have_count(0, timeout=5_000)
+            expect(outputs).to_have_count(0, timeout=ms(5))
             return
         except AssertionError:
             page.keyboard.press("Escape")  # close the menu if the click did nothing
             if attempt == 2:
                 raise
+
+
+def run_all_cells(page) -> None:
+    """Run > Run All Cells, after `clear_all_outputs`. On a busy machine a click on the menu can
+    come before the menu is ready and do nothing: if no cell has started (every prompt still
+    "[ ]:") after a few seconds, stretched, try again."""
+    from playwright.sync_api import expect
+
+    started = page.locator(".jp-CodeCell .jp-InputArea-prompt").filter(has_not_text="[ ]:")
+    for attempt in range(3):
+        page.locator(".lm-MenuBar-item", has_text="Run").click()
+        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        try:
+            expect(started.first).to_be_attached(timeout=ms(10))
+            return
+        except AssertionError:
+            page.keyboard.press("Escape")
+            if attempt == 2:
+                raise
+
+
+def ms(seconds: float) -> float:
+    """A Playwright timeout (milliseconds) for a wait of ``seconds`` on a quiet machine, stretched
+    by how busy this one is now."""
+    return patience(seconds) * 1000
+
+
+#: What the page shows of a running notebook: each cell's prompt ("[*]:" while it runs, "[3]:"
+#: once it has), how many outputs there are and how much text they hold, and the kernel's status.
+_PROGRESS = """() => {
+  const prompts = [...document.querySelectorAll('.jp-InputArea-prompt')].map(e => e.textContent);
+  const outputs = [...document.querySelectorAll('.jp-OutputArea-output')];
+  const text = outputs.reduce((n, e) => n + e.textContent.length, 0);
+  const status = document.querySelector('.jp-Notebook-ExecutionIndicator');
+  return [prompts.join('|'), outputs.length, text, status && status.dataset.status].join('#');
+}"""
+
+
+def until_shown(page, check, what: str, stall: float = 60) -> None:
+    """Wait until ``check(timeout_ms)`` (a Playwright ``expect(...)`` call) passes, for as long as
+    the notebook keeps running: fail only once the page has not changed (no cell started or
+    finished, no output grew, the kernel's status stayed the same) for ``stall`` seconds, a limit
+    for a quiet machine stretched by how busy this one is at each look. A busy machine makes this
+    wait longer, never fail; a notebook that stopped (an error, a lost click) fails it in bounded
+    time, naming ``what`` it waited for and what the page last showed."""
+    last, since = None, time.monotonic()
+    while True:
+        try:
+            check(2_000)
+            return
+        except AssertionError as e:
+            now = page.evaluate(_PROGRESS)
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since > patience(stall):
+                raise AssertionError(
+                    f"{what} was not shown, and the notebook has not moved for "
+                    f"{time.monotonic() - since:.0f} s (prompts, outputs, kernel: {now})"
+                ) from e

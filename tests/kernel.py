@@ -11,6 +11,8 @@ from pathlib import Path
 
 from jupyter_client import KernelManager
 
+from distlab._patience import patience
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,7 +48,7 @@ class Kernel:
         self.km.start_kernel(cwd=str(cwd), env=kernel_env)
         self.kc = self.km.client()
         self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
+        self.kc.wait_for_ready(timeout=patience(60))
 
     @property
     def pid(self) -> int:
@@ -67,7 +69,7 @@ class Kernel:
             try:
                 msg = self.kc.get_iopub_msg(timeout=0.2)
             except queue.Empty:
-                if time.monotonic() - start > timeout:
+                if time.monotonic() - start > patience(timeout):  # stretched on a busy machine
                     msg = f"cell did not finish in {timeout} s: {code[:200]}"
                     raise TimeoutError(msg) from None
                 continue

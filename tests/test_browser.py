@@ -12,7 +12,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from jupyter_lab import CHROMIUM, OUT, clear_all_outputs, in_chromium, serve
+from jupyter_lab import (
+    CHROMIUM,
+    OUT,
+    clear_all_outputs,
+    in_chromium,
+    ms,
+    run_all_cells,
+    serve,
+    until_shown,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "00_launching_from_a_notebook.ipynb"
@@ -42,24 +51,28 @@ def _run_notebook_00(page, url: str, token: str) -> None:
 
     page.goto(f"{url}/lab/tree/{NOTEBOOK}?token={token}")
     notebook = page.locator(".jp-NotebookPanel")
-    expect(notebook).to_be_visible(timeout=60_000)
+    expect(notebook).to_be_visible(timeout=ms(60))
     idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-    expect(idle).to_have_count(1, timeout=60_000)
+    expect(idle).to_have_count(1, timeout=ms(60))
     clear_all_outputs(page)
 
-    page.locator(".lm-MenuBar-item", has_text="Run").click()
-    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    run_all_cells(page)
 
-    # Per-rank output blocks appear, in the page, from live ranks.
-    expect(page.get_by_text("[rank 0]").first).to_be_visible(timeout=120_000)
-    expect(page.get_by_text("[rank 1]").first).to_be_visible(timeout=60_000)
+    # Per-rank output blocks appear, in the page, from live ranks. Each wait lasts as long as the
+    # notebook keeps moving (tests/jupyter_lab.py: a busy machine is slower, not broken).
+    for rank in ("[rank 0]", "[rank 1]"):
+        until_shown(page, lambda t, rank=rank: expect(page.get_by_text(rank).first)
+                    .to_be_visible(timeout=t), rank)
     # The status widget renders as a live view (an HTML table naming each rank's state).
     widget = page.locator(".jp-OutputArea-output .widget-html").first
-    expect(widget).to_contain_text("rank 0", timeout=120_000)
+    until_shown(page, lambda t: expect(widget).to_contain_text("rank 0", timeout=t),
+                "the status widget")
     # Wait until the whole notebook has run: the last code cell gets an execution count.
     last_prompt = page.locator(".jp-CodeCell .jp-InputArea-prompt").last
     last_prompt.scroll_into_view_if_needed()
-    expect(last_prompt).to_have_text("[" + _code_cell_count() + "]:", timeout=180_000)
+    count = "[" + _code_cell_count() + "]:"
+    until_shown(page, lambda t: expect(last_prompt).to_have_text(count, timeout=t),
+                f"the last cell's prompt {count}")
     page.screenshot(path=str(OUT / "notebook00.png"), full_page=False)
     assert page.locator(".jp-RenderedText", has_text="[rank 0]").count() > 0
 

@@ -15,7 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
-from jupyter_lab import CHROMIUM, OUT, clear_all_outputs, in_chromium, serve
+from jupyter_lab import (
+    CHROMIUM,
+    OUT,
+    clear_all_outputs,
+    in_chromium,
+    ms,
+    run_all_cells,
+    serve,
+    until_shown,
+)
+
+from distlab._patience import patience
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="needs Debian's chromium (make test installs it)"
@@ -63,12 +74,11 @@ def _drive(page, url: str, token: str) -> None:
     from playwright.sync_api import expect
 
     page.goto(f"{url}/lab/tree/{NOTEBOOK}?token={token}")
-    expect(page.locator(".jp-NotebookPanel")).to_be_visible(timeout=60_000)
+    expect(page.locator(".jp-NotebookPanel")).to_be_visible(timeout=ms(60))
     idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-    expect(idle).to_have_count(1, timeout=60_000)
+    expect(idle).to_have_count(1, timeout=ms(60))
     clear_all_outputs(page)
-    page.locator(".lm-MenuBar-item", has_text="Run").click()
-    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    run_all_cells(page)
 
     def move_tp(w):  # a number field: type, then Enter
         w.locator(".distlab-control-tp input").fill("2")
@@ -94,13 +104,16 @@ def _drive(page, url: str, token: str) -> None:
         widget = page.locator(f".distlab-calculator-{name}")
         text = widget.locator(".distlab-calculator-text pre")
         image = widget.locator("img.distlab-calculator-chart")
-        expect(text).to_be_visible(timeout=120_000)
+        # As long as the notebook keeps moving (tests/jupyter_lab.py: a busy machine is slower,
+        # not broken).
+        until_shown(page, lambda t, text=text: expect(text).to_be_visible(timeout=t),
+                    f"the {name} calculator's text")
         widget.scroll_into_view_if_needed()
         before_text, before_src = text.inner_text(), _src(image)
         assert shown not in before_text
         move(widget)
-        expect(text).to_contain_text(shown, timeout=30_000)
-        deadline = time.monotonic() + 30
+        expect(text).to_contain_text(shown, timeout=ms(30))
+        deadline = time.monotonic() + patience(30)
         while _src(image) == before_src and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _src(image) != before_src, f"{name}: the picture did not change"
@@ -110,7 +123,8 @@ def _drive(page, url: str, token: str) -> None:
 
 def _src(image) -> str:
     """The image's bytes as the page holds them (a blob: URL, new for each new picture)."""
-    for _ in range(100):
+    deadline = time.monotonic() + patience(10)
+    while time.monotonic() < deadline:
         src = image.get_attribute("src")
         if src:
             return src

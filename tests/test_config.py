@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from distlab import _config
 from distlab._config import cgroup_cpu_limit
+from distlab._patience import patience
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,7 +108,7 @@ def test_threads_and_doctor_follow_a_real_cgroup_quota():
         out = subprocess.run(
             ["sh", "-c", f'echo $$ > "{folder}/cgroup.procs" && exec "$0" -c "$1"',
              sys.executable, script],
-            capture_output=True, text=True, timeout=120, cwd=ROOT,
+            capture_output=True, text=True, timeout=patience(120), cwd=ROOT,
         )
     finally:
         for pid in (folder / "cgroup.procs").read_text().split():  # leftovers: none expected
@@ -121,3 +123,28 @@ def test_threads_and_doctor_follow_a_real_cgroup_quota():
     cores_and_threads, doctor_line = out.stdout.splitlines()[-2:]
     assert cores_and_threads == "1 [1]"  # 2 cores, but a quota of 1 CPU: one thread per rank
     assert doctor_line.startswith("1 CPU core(s) (a cgroup quota of 1 CPUs")
+
+
+def test_distlab_threads_says_the_threads_per_rank_and_a_wrong_value_is_refused(monkeypatch):
+    monkeypatch.delenv("DISTLAB_THREADS", raising=False)
+    shared = _config.default_threads(2)
+    assert shared == max(1, _config.cpu_cores() // 2)
+    monkeypatch.setenv("DISTLAB_THREADS", "4")
+    assert _config.default_threads(2) == _config.default_threads(4) == 4
+    for wrong in ("0", "two", "1.5", "-1"):
+        monkeypatch.setenv("DISTLAB_THREADS", wrong)
+        with pytest.raises(ValueError, match="whole number >= 1.*unset it"):
+            _config.default_threads(2)
+
+
+def _threads():
+    import torch
+
+    return torch.get_num_threads()
+
+
+def test_ranks_run_with_the_threads_distlab_threads_says(monkeypatch):
+    import distlab
+
+    monkeypatch.setenv("DISTLAB_THREADS", "3")
+    assert distlab.launch(_threads, world_size=2, backend=None, timeout=60) == [3, 3]

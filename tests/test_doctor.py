@@ -6,11 +6,13 @@ import subprocess
 import sys
 
 from distlab import doctor
+from distlab._patience import patience
 
 
 def test_doctor_runs_a_real_launch_and_passes_on_this_machine():
     out = subprocess.run(
-        [sys.executable, "-m", "distlab", "doctor"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "distlab", "doctor"], capture_output=True, text=True,
+        timeout=patience(120),
     )
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()

@@ -115,3 +115,42 @@ def test_crash_happens_only_on_its_rank_and_step():
 def test_a_crash_that_cannot_happen_is_refused(kwargs, error, words):
     with pytest.raises(error, match=words):
         faults.Crash(**kwargs)
+
+
+def _die_at_step_1(crash):
+    crash.here(1)
+    return "lived"
+
+
+@pytest.mark.parametrize(
+    "how, code, exitcode, words",
+    [
+        ("exit", 3, 3, "exited with code 3"),
+        ("SIGSEGV", 13, -11, "killed by signal SIGSEGV"),
+        ("SIGKILL", 13, -9, "killed by signal SIGKILL"),
+    ],
+)
+def test_a_crash_ends_its_rank_the_way_it_says(how, code, exitcode, words):
+    # Not the defaults: an exit code other than 13, each signal (what the learner reads in the
+    # outcome is how the rank died).
+    crash = faults.Crash(rank=1, step=1, how=how, code=code)
+    outcome = faults.launch(_die_at_step_1, crash, world_size=2, backend=None, timeout=60)
+    assert outcome == ["lived", None] and outcome.dead == [1]
+    assert outcome.failures[1].exitcode == exitcode
+    assert words in outcome.failures[1].message and words in repr(outcome)
+
+
+def _survivor_needs_3_seconds(crash):
+    import time
+
+    crash.here(1)
+    time.sleep(3)
+    return "finished"
+
+
+def test_survivors_get_the_timeout_after_a_death_not_a_moment():
+    # distlab.launch gives the others half a second after a failure; faults.launch gives them
+    # the whole timeout: a survivor that needs 3 s after rank 1 died still finishes.
+    outcome = faults.launch(_survivor_needs_3_seconds, faults.Crash(rank=1, step=1),
+                            world_size=2, backend=None, timeout=60)
+    assert outcome == ["finished", None] and outcome.dead == [1] and outcome.survivors == [0]

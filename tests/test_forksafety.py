@@ -15,6 +15,8 @@ import textwrap
 
 import pytest
 
+from distlab._patience import patience
+
 OBJC = ("objc[4242]: +[NSNumber initialize] may have been in progress in another thread when "
         "fork() was called.")
 
@@ -70,7 +72,7 @@ def runs() -> dict[str, subprocess.CompletedProcess]:
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     done = {}
     for name, proc in started.items():
-        out, err = proc.communicate(timeout=280)
+        out, err = proc.communicate(timeout=patience(280))
         done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     return done
 
@@ -148,7 +150,7 @@ def test_mps_in_a_forked_rank_says_to_spawn_instead(macos):
     if macos:
         env["DISTLAB_AS_MACOS"] = "1"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, env=env)
+                         timeout=patience(120), env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     if macos:
         assert "launch with start_method='spawn' for ranks that use MPS" in out.stdout

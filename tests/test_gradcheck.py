@@ -21,6 +21,7 @@ from torch import nn
 
 import distlab
 from distlab import gpt, gradcheck
+from distlab._patience import patience
 from distlab.exercises.nb21 import F as _Copy  # Megatron's f and g, as notebook 21 writes them
 from distlab.exercises.nb21 import G as _Reduce
 
@@ -349,7 +350,7 @@ def test_the_same_on_the_cpu_kernel_every_machine_has():
     )
     env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
+                         timeout=patience(600), cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stderr[-3000:]
     _check_other_shapes(out.stdout.strip().splitlines(), 1)
 

@@ -14,6 +14,8 @@ import textwrap
 
 import nbformat
 
+from distlab._patience import patience
+
 CELLS = [
     "import distlab, torch\nimport torch.distributed as dist",
     """
@@ -93,7 +95,7 @@ def _run(args, cwd, timeout=300):
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # as an instructor's CI: distlab from the environment
     return subprocess.run(
-        args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        args, cwd=cwd, env=env, capture_output=True, text=True, timeout=patience(timeout)
     )
 
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 import distlab
 from distlab._config import check_start_method
+from distlab._patience import patience
 from distlab._ranks import forkserver
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -168,7 +169,8 @@ def test_a_finished_rank_leaves_its_gloo_sockets_for_exit_to_close(tmp_path):
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        timeout=patience(120),
     )
     assert out.stdout.strip() == "ok", out.stderr
 
@@ -265,7 +267,7 @@ def test_a_stopped_rank_takes_what_it_started_with_it(tmp_path):
     with pytest.raises(distlab.RankError, match="rank 1 gives up"):
         distlab.launch(_child_then_fail, str(path), world_size=2, timeout=60)
     child = int(path.read_text())
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + patience(5)
     while time.monotonic() < deadline:
         if not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie":
             break
@@ -300,11 +302,11 @@ def test_ranks_without_a_process_group_begin_together():
 
     pool = spawn.get()
     distlab.launch(_pid, world_size=2, start_method="spawn", backend=None, timeout=60)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + patience(60)
     while not all(_waiting_with_torch(s.proc.pid) for s in list(pool._spares)[:2]):
         assert time.monotonic() < deadline, "the spares never finished importing torch"
     began = distlab.launch(_now, world_size=3, start_method="spawn", backend=None, timeout=60)
-    assert max(began) - min(began) < 0.5, [round(t - min(began), 3) for t in began]
+    assert max(began) - min(began) < patience(0.5), [round(t - min(began), 3) for t in began]
 
 
 def _waiting_with_torch(pid: int) -> bool:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from test_launcher import _pid, _rank_info
 
 import distlab
+from distlab._patience import patience
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -36,7 +37,8 @@ def test_failing_rank_raises_rank_error_with_root_cause_first():
     start = time.monotonic()
     with pytest.raises(distlab.RankError) as info:
         distlab.launch(_fail_on_rank_1, world_size=2, timeout=30)
-    assert time.monotonic() - start < 10  # not after the timeout
+    # not after the timeout (10 s on a quiet machine, more on a busy one)
+    assert time.monotonic() - start < min(patience(10), 25)
     err = info.value
     assert err.primary.rank == 1
     assert err.primary.type == "ValueError"

@@ -12,6 +12,8 @@ import time
 
 from processes import alive
 
+from distlab._patience import patience
+
 
 def test_cell_defined_function_class_and_lambda_just_work(kernel):
     res = kernel.run(
@@ -129,7 +131,7 @@ def _write_pid_and_sleep_code(pid_dir: str) -> str:
 
 
 def _wait_for_pids(pid_dir: str, n: int) -> list[int]:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + patience(30)
     while time.monotonic() < deadline:
         pids = [int(p) for p in os.listdir(pid_dir)]
         if len(pids) == n:

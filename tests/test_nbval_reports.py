@@ -9,6 +9,8 @@ from pathlib import Path
 
 import nbformat
 
+from distlab._patience import patience
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -25,7 +27,7 @@ def test_a_failing_cell_shows_what_it_printed(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval",
          "--nbval-current-env", "failing.ipynb"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, capture_output=True, text=True, timeout=patience(120),
     )
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "printed by the cell" in proc.stdout

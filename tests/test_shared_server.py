@@ -17,6 +17,8 @@ from pathlib import Path
 
 import psutil
 
+from distlab._patience import patience
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "notebooks/07_groups_barriers_objects.ipynb"  # a 4-rank Cluster, subgroups, barriers
 # On torch 2.13 notebook 07 prints other group names by design (2.14 changed how local groups are
@@ -63,7 +65,7 @@ def test_three_kernels_run_a_four_rank_notebook_at_once(tmp_path, pytestconfig):
         # ("Kernel died before replying to kernel_info", before any course code ran). The
         # notebooks themselves, their 4-rank clusters and helpers, still run at the same time.
         time.sleep(1.0)
-    outputs = [p.communicate(timeout=280)[0] for p in learners]
+    outputs = [p.communicate(timeout=patience(280))[0] for p in learners]
     for i, (p, out) in enumerate(zip(learners, outputs, strict=True)):
         assert p.returncode == 0, f"learner {i}:\n{out[:2000]}\n...\n{out[-3000:]}"
         assert " passed" in out and "failed" not in out, out[-2000:]

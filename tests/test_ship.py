@@ -19,6 +19,8 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
+from distlab._patience import patience
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPAT = ROOT / ".venv" / "compat"
 
@@ -168,7 +170,8 @@ def test_code_objects_travel_whole_with_their_file_and_lines(pickler, tmp_path):
         )
     )
     out = subprocess.run(
-        [sys.executable, str(script)], env=_env(folder), capture_output=True, text=True, timeout=60
+        [sys.executable, str(script)], env=_env(folder), capture_output=True, text=True,
+        timeout=patience(60),
     )
     assert out.returncode == 0, out.stderr
     shipped_with, *lines = out.stdout.splitlines()
@@ -201,7 +204,7 @@ def test_a_script_shows_the_learners_lines_in_tracebacks_and_stacks(pickler, tmp
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=patience(240),
     )
     assert out.returncode == 0, out.stderr
     _check(out.stdout, version, str(script), str(tmp_path / "learner_mod.py"))

@@ -24,6 +24,7 @@ import threading  # importing it starts no thread; a test hook starts one (forks
 import time
 import traceback
 
+from .._patience import patience
 from . import forksafety, protocol
 from .protocol import recv, send
 from .starter import PRELOAD  # imported before `Ready`, so every rank starts with them loaded
@@ -164,7 +165,7 @@ def _canary_verdict(sock, wake_r: int, wake_w: int) -> protocol.CanaryDone:
             sys.stderr.flush()
             os._exit(code)
     os.close(err_w)
-    chunks, deadline = [], time.monotonic() + 60
+    chunks, deadline = [], time.monotonic() + patience(60)  # 60 s on a quiet machine
     while time.monotonic() < deadline:
         if select.select([err_r], [], [], 0.1)[0]:
             chunk = os.read(err_r, 65536)

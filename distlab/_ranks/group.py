@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from .. import _config, _output
+from .._patience import patience
 from .._readable import readable
 from ..errors import (
     RESTART,
@@ -33,7 +34,8 @@ from . import forksafety, loopback, protocol, ship, start_path
 from .proc import RankProcess
 from .protocol import Began, Exit, RankSpec, Reply, Run, Started
 
-#: How long a stuck rank gets to report its stack before distlab asks faulthandler instead.
+#: How long a stuck rank gets to report its stack before distlab asks faulthandler instead (on a
+#: quiet machine; stretched by `distlab._patience.patience` on a busy one).
 _STACK_WAIT = 1.5
 #: The process group's timeout is the learner's plus this: a collective that waits for a rank
 #: that never comes is then reported by distlab, with every rank's stack, before gloo gives up
@@ -43,6 +45,12 @@ PG_MARGIN = 3.0
 #: at the next bytecode); one blocked in C++ (a collective's wait) never does, and is reported
 #: stuck when this runs out: ample for the first, not long to wait for the second.
 _INTERRUPT_WAIT = 1.0
+#: How long a dead rank's exit status may take to arrive. The fork server reports it between two
+#: of its warm-up imports (`forkserver_main.LATE_PRELOAD`, up to ~2.7 s each on a quiet machine):
+#: with a shorter wait a learner read "exit status unknown" instead of "exited with code 3".
+_EXIT_WAIT = 5.0
+#: (Every wait above is for a quiet machine; each is stretched by `distlab._patience.patience`
+#: on a busy one. The learner's own timeouts are not.)
 
 
 @dataclass
@@ -296,7 +304,7 @@ class RankGroup:
 
     def _on_death(self, task: _Task | None, proc: RankProcess) -> None:
         proc.kill_tree()  # take down anything it started, too
-        proc.exitcode = self.starter.wait_exit(proc.pid, 2.0)
+        proc.exitcode = self.starter.wait_exit(proc.pid, patience(_EXIT_WAIT))
         proc.drain()  # everything it printed before dying
         proc.state = "dead"
         if task is None or proc.rank not in task.pending:
@@ -411,6 +419,7 @@ class RankGroup:
             self.procs[r].signal(signal.SIGINT)
         n_before, first = len(task.failures), task.first_failure_at
         task.first_failure_at = None
+        wait_s = patience(wait_s)
         self.collect(task, time.monotonic() + wait_s, stream, grace=wait_s)
         task.first_failure_at = first
         task.failures[n_before:] = [
@@ -501,7 +510,7 @@ class RankGroup:
             except OSError:
                 pass
         answers: dict[int, str] = {}
-        deadline = time.monotonic() + _STACK_WAIT
+        deadline = time.monotonic() + patience(_STACK_WAIT)
         while asked and time.monotonic() < deadline:
             fds = {p.out_fd: p for p in self.procs if p.out_fd is not None}
             for obj in wait([*asked, *fds], timeout=max(0.0, deadline - time.monotonic())):
@@ -535,7 +544,7 @@ class RankGroup:
 
     def _reap(self, proc: RankProcess) -> None:
         if proc.exitcode is None:
-            proc.exitcode = self.starter.wait_exit(proc.pid, 5.0)
+            proc.exitcode = self.starter.wait_exit(proc.pid, patience(_EXIT_WAIT))
         proc.state = "dead"
         proc.close_channels()
 

@@ -11,9 +11,13 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from .. import _output
+from .._patience import patience
 
-#: How long a rank busy in C code gets to print faulthandler's view of its stack.
+#: How long a rank busy in C code gets to print faulthandler's view of its stack (on a quiet
+#: machine; stretched by `distlab._patience.patience` on a busy one).
 _FAULTHANDLER_WAIT = 0.5
+#: How long a rank's end-of-task marker may trail its reply (likewise stretched).
+_MARK_WAIT = 5.0
 
 
 @dataclass
@@ -67,8 +71,9 @@ class RankProcess:
 
     def split_output(self, mark: bytes, stream: bool) -> bytes:
         """Split off one task's output: everything up to the rank's end marker ``mark`` for it
-        (waiting up to 5 s for the marker to arrive after the reply)."""
-        deadline = time.monotonic() + 5.0
+        (waiting up to `_MARK_WAIT` s, stretched on a busy machine, for the marker to arrive after
+        the reply)."""
+        deadline = time.monotonic() + patience(_MARK_WAIT)
         while mark not in self.buf and self.out_fd is not None and time.monotonic() < deadline:
             if wait([self.out_fd], timeout=0.5):
                 self.read(stream=False)
@@ -90,7 +95,7 @@ class RankProcess:
         thread cannot answer because the main thread holds the GIL inside C code."""
         before = len(self.buf)
         self.signal(signal.SIGUSR1)
-        deadline = time.monotonic() + _FAULTHANDLER_WAIT
+        deadline = time.monotonic() + patience(_FAULTHANDLER_WAIT)
         while time.monotonic() < deadline and self.out_fd is not None:
             if wait([self.out_fd], timeout=0.1):
                 self.read(stream=False)
