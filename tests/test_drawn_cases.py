@@ -41,7 +41,10 @@ class _Scripted:
 
 @pytest.fixture
 def scripted(monkeypatch):
-    monkeypatch.setattr(random, "SystemRandom", _Scripted)
+    from distlab.exercises import expect
+
+    monkeypatch.delenv(expect.SEED)  # the draws come from the operating system's randomness...
+    monkeypatch.setattr(random, "SystemRandom", _Scripted)  # ...scripted here
 
     def play(*values):
         _Scripted.script = list(values)

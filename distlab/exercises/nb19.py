@@ -73,9 +73,8 @@ def _norm_case(answer, seed):
 
 def _fresh_seed() -> int:
     """A case the learner cannot know in advance: drawn anew at every check."""
-    import random
 
-    return random.SystemRandom().randrange(1, 10**6)
+    return expect.rng().randrange(1, 10**6)
 
 
 def _close(a: float, b: float) -> bool:
@@ -380,11 +379,10 @@ def exercise_3(fsdp_bytes, cluster) -> None:
     ``MixedPrecisionPolicy`` and AdamW; measured on the cluster for n = world size and n = 1,
     and on `MORE_RANKS` ranks of their own (there the mean over the ranks: 3 ranks split the
     rows unevenly), for the notebook's three policies and one more drawn at every check."""
-    import random
 
     import torch
 
-    policies = (*POLICIES, random.SystemRandom().choice(OTHER_POLICIES))
+    policies = (*POLICIES, expect.rng().choice(OTHER_POLICIES))
     measured = expect.run(_measure_policies, policies, cluster=cluster, timeout=TIMEOUT)[0]
     more = expect.run(_measure_policies, policies, False, world_size=MORE_RANKS,
                       timeout=3 * TIMEOUT)

@@ -390,9 +390,8 @@ def exercise_3(step_collectives, cluster) -> None:
     ``all_gather``, ``reduce_scatter``. Compared with ``CommDebugMode``'s counts on the cluster
     for two depths drawn at every check (`SHALLOW`, `DEEP`), with and without sequence
     parallelism each."""
-    import random
 
-    rng = random.SystemRandom()
+    rng = expect.rng()
     depths = {sp: (rng.choice(SHALLOW), rng.choice(DEEP)) for sp in (False, True)}
     cases = tuple((n, sp) for sp in (False, True) for n in depths[sp])
     answers = {case: step_collectives(*case) for case in cases}  # the learner's formula first

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import random
 
 from . import expect
 
@@ -80,7 +79,7 @@ def _draw_layouts() -> list[tuple[int, int, int]]:
     """(tp, pp, dp) layouts for one check: one whose middle stages hold a layer more than its
     first and last (as the paper's 16 stages), one of one stage, one of two, two anything;
     dp mostly a size that does not divide the rows (so padding shows); none of `SEEN`."""
-    rng = random.SystemRandom()
+    rng = expect.rng()
     tps = (1, 2, 4, 8)
     valid = [pp for pp in range(3, 127) if _valid_pp(pp)]
     dp = lambda: rng.choice((rng.randrange(3, 1024), rng.randrange(2, 64)))  # noqa: E731
@@ -101,7 +100,7 @@ def _draw_layouts() -> list[tuple[int, int, int]]:
 def _stages(pp: int) -> list[int]:
     """Every stage kind: the first, the second, a middle one drawn, the one before last, the
     last."""
-    middle = random.SystemRandom().randrange(pp)
+    middle = expect.rng().randrange(pp)
     return sorted({0, min(1, pp - 1), middle, max(pp - 2, 0), pp - 1})
 
 
@@ -196,7 +195,7 @@ def _draw_clusters(n: int = 6) -> list[tuple[int, float, float]]:
     half with a fraction below 0.5 (rounding to the nearest is then not the ceiling), half
     above (truncating is not), from a thousand to fifty thousand tokens (so that a token's tenth
     is more than the 1e-6 the check forgives)."""
-    rng = random.SystemRandom()
+    rng = expect.rng()
     cases = []
     for i in range(n):
         # dp = 2 not first: a ring's dp / (dp - 1) is then 2, another mistake's ratio too
@@ -299,7 +298,7 @@ def _draw_choices(n: int = 6):
     peaks (the first exactly at the answer's: "at most" includes it), among them one where a
     later stage decides (a middle one, a layer heavier when the layers do not split evenly, or
     the last) and one where the first does, then one where no pipeline of `PP_TRIED` fits."""
-    rng = random.SystemRandom()
+    rng = expect.rng()
     found, first_decides, last_decides = 0, False, False
     for _ in range(400):
         if found >= n - 1 and last_decides and first_decides:

@@ -13,8 +13,6 @@ not pass.
 
 from __future__ import annotations
 
-import random
-
 from . import expect
 
 AXES = ("pp", "dp", "tp")
@@ -62,7 +60,7 @@ def draw_shapes(n: int = 4) -> list[tuple[int, int, int]]:
     """``n`` (pp, dp, tp) shapes for one check: the first with every axis above 1 and no two
     alike (a mix-up of axes shows), one with an axis of 1, the rest anything up to 4 x 4 x 4;
     none of `SEEN`."""
-    rng = random.SystemRandom()
+    rng = expect.rng()
     uneven = rng.choice([s for s in _all_shapes() if min(s) > 1 and len(set(s)) == 3])
     flat = rng.choice([s for s in _all_shapes() if 1 in s and max(s) > 1])
     return [uneven, flat, *(rng.choice(_all_shapes()) for _ in range(n - 2))]

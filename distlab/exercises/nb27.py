@@ -51,7 +51,7 @@ def _interval_hints(save: float, gpus: int, mtbf: float) -> list[tuple[float, st
 def exercise_1(checkpoint_interval) -> None:
     """``checkpoint_interval(save_seconds, gpus, gpu_mtbf_hours)`` -> Young's interval in
     seconds, on drawn cases."""
-    r = random.SystemRandom()
+    r = expect.rng()
     for _ in range(CASES):
         save, gpus, mtbf = _draw_interval_case(r)
         got = checkpoint_interval(save, gpus, mtbf)
@@ -113,7 +113,7 @@ def exercise_2(find_straggler) -> None:
     rank has one very slow step."""
     import statistics
 
-    r = random.SystemRandom()
+    r = expect.rng()
     for _ in range(CASES):
         while True:  # a job where the longest median wait is not the hiccup's, so that each
             # wrong way of reading the times names a rank of its own (and gets its own message)
@@ -219,7 +219,7 @@ def exercise_3(fn) -> None:
     buffers start at different calls and whose groups both number their calls from 1."""
     import copy
 
-    r = random.SystemRandom()
+    r = expect.rng()
     for _ in range(CASES):
         dumps = draw_dumps(r)
         want = entered_last(dumps)
