@@ -73,7 +73,6 @@ def _norm_case(answer, seed):
 
 def _fresh_seed() -> int:
     """A case the learner cannot know in advance: drawn anew at every check."""
-
     return expect.rng().randrange(1, 10**6)
 
 
@@ -379,7 +378,6 @@ def exercise_3(fsdp_bytes, cluster) -> None:
     ``MixedPrecisionPolicy`` and AdamW; measured on the cluster for n = world size and n = 1,
     and on `MORE_RANKS` ranks of their own (there the mean over the ranks: 3 ranks split the
     rows unevenly), for the notebook's three policies and one more drawn at every check."""
-
     import torch
 
     policies = (*POLICIES, expect.rng().choice(OTHER_POLICIES))

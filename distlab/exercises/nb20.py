@@ -26,7 +26,6 @@ SHAPES = (
 def _random_shape():
     """One more (config options, batch size, sequence length), drawn anew at every check: a
     table of the shapes above, copied from earlier messages, does not pass."""
-
     from ..gpt import Config
 
     def key(options, b, s):  # what a block's activations depend on (not the vocabulary)

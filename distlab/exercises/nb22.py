@@ -53,7 +53,6 @@ def _fixed_layouts() -> list[tuple[str, list[list[int]]]]:
 def _random_layout() -> list[list[int]]:
     """A layout drawn anew at every check (1 to 5 ranks, any positions, uneven, maybe empty):
     a table of the layouts above, copied from earlier messages, does not pass."""
-
     r, fixed = expect.rng(), [layout for _, layout in _fixed_layouts()]
     while True:
         world = r.randrange(1, 6)

@@ -86,7 +86,6 @@ def _random_routing():
     messages, does not pass. The draw is one where the capacity binds (some assignments kept,
     some dropped) and where token order would keep other ones, so that no fixed fallback
     (keep all, drop all, token order) passes it by luck."""
-
     import torch
 
     r = expect.rng()
