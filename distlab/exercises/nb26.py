@@ -71,18 +71,40 @@ def draw_shapes(most: int = MOST_1) -> list[tuple[int, int, int]]:
     one axis, or keeps what it computed by two of them, gives the second the first's groups)."""
     rng = expect.rng()
     shapes = _all_shapes(most)
-    uneven = rng.choice([s for s in shapes if min(s) > 1 and len(set(s)) == 3])
-    flat = rng.choice([s for s in shapes if 1 in s and max(s) > 1])
+    uneven = rng.choice(_uneven(most))
+    flat = rng.choice(_flat(most))
     drawn = [uneven, flat]
     for axis in range(3):
         while True:
             first = rng.choice(shapes)
-            twins = [s for s in shapes if s != first
-                     and all(s[i] == first[i] for i in range(3) if i != axis)]
+            twins = [s for s in _along(most, axis)[_rest(first, axis)] if s != first]
             if twins:
                 break
         drawn += [first, rng.choice(twins)]
     return drawn
+
+
+def _rest(shape: tuple, axis: int) -> tuple:
+    return tuple(n for i, n in enumerate(shape) if i != axis)
+
+
+@functools.lru_cache(maxsize=8)
+def _uneven(most: int) -> tuple:
+    return tuple(s for s in _all_shapes(most) if min(s) > 1 and len(set(s)) == 3)
+
+
+@functools.lru_cache(maxsize=8)
+def _flat(most: int) -> tuple:
+    return tuple(s for s in _all_shapes(most) if 1 in s and max(s) > 1)
+
+
+@functools.lru_cache(maxsize=8)
+def _along(most: int, axis: int) -> dict:
+    """The shapes by their sizes on the two other axes: those that differ in ``axis`` only."""
+    out: dict = {}
+    for s in _all_shapes(most):
+        out.setdefault(_rest(s, axis), []).append(s)
+    return out
 
 
 #: The shapes the checks tried before they drew theirs (their ✗ messages printed the answers
