@@ -41,7 +41,10 @@ class _Scripted:
 
 @pytest.fixture
 def scripted(monkeypatch):
-    monkeypatch.setattr(random, "SystemRandom", _Scripted)
+    from distlab.exercises import expect
+
+    monkeypatch.delenv(expect.SEED)  # the draws come from the operating system's randomness...
+    monkeypatch.setattr(random, "SystemRandom", _Scripted)  # ...scripted here
 
     def play(*values):
         _Scripted.script = list(values)
@@ -261,7 +264,93 @@ def test_nb21_no_memorised_answer_passes(monkeypatch):
     # tests/test_exercise_mistakes.py) gives them.
     monkeypatch.setattr(nb21.expect, "run",
                         lambda fn, cases, **kw: [{case: _counts(*case) for case in cases}])
-    seen = [(n, sp) for n in (1, 2, 3, 4, 5) for sp in (False, True)]  # every case asked before
+    seen = [(n, sp) for n in range(1, 9) for sp in (False, True)]  # every depth ever measured
     cheat = _memorising(seen, _counts, lambda n, sp: _counts(2, sp))  # the notebook's table
     assert _passes(lambda a: nb21.exercise_3(a, None), cheat) == 0
     assert _passes(lambda a: nb21.exercise_3(a, None), _counts, times=20) == 20
+
+
+# -- every drawn check: right answers always pass, the shortcuts it was built against never --
+
+
+#: The exercises whose check runs in the kernel (no ranks), and the wrong answers of their
+#: tables (tests/mistakes/) that right only on some cases would pass a narrow draw: each such
+#: row, and every right one, is tried on 30 draws.
+DRAWN = {("nb25", 1), ("nb25", 2), ("nb25", 3), ("nb26", 1), ("nb26", 2), ("nb27", 1),
+         ("nb27", 2), ("nb27", 3), ("nb22", 1)}
+SHORTCUTS = ("wrong only on a middle stage", "math.floor(x) + 1", "range(1, 16)",
+             "first degree the layers do not split", "keyed by (pp, dp)",
+             "first step dropped", "the last step alone", "shortest median step time",
+             "the longest wait inside", "the slowest single step", "the mean time before",
+             "hard-coded", "the paper's layout", "pasted", "from its ✗ messages")
+
+
+def _rows():
+    from test_exercise_mistakes import ROWS
+
+    return [(nb, a) for nb, a in ROWS if (nb, a.exercise) in DRAWN
+            and (a.says is None or any(s in a.why for s in SHORTCUTS))]
+
+
+@pytest.mark.parametrize("row", _rows(), ids=lambda r: f"{r[0]}-ex{r[1].exercise}-{r[1].why}")
+def test_a_drawn_check_gives_the_same_verdict_in_30_of_30_draws(row):
+    import contextlib
+    import io
+
+    from test_exercise_mistakes import TABLES, _learner
+
+    from distlab.exercises import check
+
+    nb, answer = row
+    grader, names = TABLES[nb].GRADERS[answer.exercise]
+    verdicts = []
+    for _ in range(30):  # a learner running the cell again: new draws, their answer unchanged
+        ns = _learner(answer.code, nb, **getattr(TABLES[nb], "GIVEN", {}))
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            verdicts.append(check("Exercise", grader, *[ns[n] for n in names]))
+    assert verdicts.count(answer.says is None) == 30, (answer.why, verdicts)
+
+
+def test_a_cached_answer_is_caught_when_one_namespace_sees_every_draw():
+    """The (pp, dp)-keyed cache keeps its entries across checks, as a notebook's would."""
+    from test_exercise_mistakes import TABLES, _learner
+
+    row = next(a for a in TABLES["nb26"].ANSWERS if "keyed by (pp, dp)" in a.why)
+    ns = _learner(row.code, "nb26")
+    assert _passes(nb26.exercise_1, ns["mesh_groups"], times=30) == 0
+
+
+def test_what_the_exercises_text_says_of_the_draws_is_what_the_checks_do():
+    import nbformat
+
+    from distlab.calculators import CalculatorError, stage_layers
+
+    def text(name, cell):
+        path = next(__import__("pathlib").Path(__file__).parent.parent.glob(f"notebooks/{name}*"))
+        return nbformat.read(path, 4).cells[cell].source.replace("\n", " ")
+
+    def splits(layers, pp):
+        try:
+            stage_layers(layers, pp)
+        except CalculatorError:
+            return False
+        return True
+
+    assert [pp for pp in range(11, 16) if splits(30, pp)] == [11, 15]
+    assert [len(s) for s in stage_layers(126, 16)] == [7] + [8] * 14 + [7]
+    assert ("30 layers split into 11 stages and into 15, not into 12, 13 or 14"
+            in text("25_", 43)) and "7 + 14 × 8 + 7" in text("25_", 43)
+    assert f"of up to {nb26.MOST_1} ranks" in text("26_", 14)
+    assert f"again on {nb22.OTHER_WORLD} ranks of their own" in text("22_", 40)
+    assert "At three steps" in text("19_", 54) and len(
+        {**__import__("distlab.exercises.nb19", fromlist=["x"]).PLANTED, 0: 0}) == 3
+
+
+def test_the_seed_makes_a_tests_draws_the_same_and_a_learners_new():
+    from distlab.exercises import expect
+
+    expect.reseed(7)
+    first = [nb26.draw_shapes() for _ in range(3)]
+    expect.reseed(7)
+    assert [nb26.draw_shapes() for _ in range(3)] == first  # a test reproduces
+    assert first[0] != first[1]  # each check draws anew

@@ -12,12 +12,40 @@ really called (so "the answer used all_gather" is checked, not trusted).
 
 from __future__ import annotations
 
+import itertools
 import numbers
+import os
+import random
 from fractions import Fraction
 
 #: Seconds a learner's function may run in a check before it is called a hang: ample for the
 #: exercises' tiny tensors on a busy laptop, short enough to wait for.
 HANG = 5.0
+
+
+#: The environment variable that makes the checks' draws reproducible: an int, the seed of the
+#: first draw (tests/conftest.py sets it per test, from the test's name). Unset, as in a
+#: learner's kernel, every check draws anew from the operating system's randomness.
+SEED = "DISTLAB_CHECK_SEED"
+_draws = itertools.count()
+
+
+def rng() -> random.Random:
+    """The random generator of one check's drawn cases: seeded anew at every call, so that a
+    learner who runs the cell again sees new cases (and a table of the cases copied from
+    earlier ✗ messages does not pass); under `SEED`, the calls' seeds follow from it (the
+    first call's, the second's...), so that a test's draws are the same at every run."""
+    seed = os.environ.get(SEED, "").strip()
+    if not seed:
+        return random.SystemRandom()
+    return random.Random(f"{seed}:{next(_draws)}")
+
+
+def reseed(seed) -> None:
+    """Start `SEED`'s sequence again at ``seed`` (a test's first check draws as at every run)."""
+    global _draws
+    os.environ[SEED] = str(seed)
+    _draws = itertools.count()
 
 
 def describe(value) -> str:

@@ -73,9 +73,7 @@ def _norm_case(answer, seed):
 
 def _fresh_seed() -> int:
     """A case the learner cannot know in advance: drawn anew at every check."""
-    import random
-
-    return random.SystemRandom().randrange(1, 10**6)
+    return expect.rng().randrange(1, 10**6)
 
 
 def _close(a: float, b: float) -> bool:
@@ -164,16 +162,31 @@ def _power(x) -> str:
 
 #: Steps at which the check makes one gradient not finite itself (an overflow in one layer
 #: only), and how: the tiny GPT's own overflows are over by then, and they hit every layer, so
-#: an answer that looks at one parameter, or for inf only, would pass without these.
+#: an answer that looks at one parameter, or for inf only, would pass without these. At step 8
+#: it is a vector's, one of `VECTORS` drawn at every check, so that an answer that checks the
+#: matrices only (``p.ndim == 2``) does not pass either.
 PLANTED = {7: ("tok.weight", float("inf")), 9: ("layers.0.attn.wq.weight", float("nan"))}
+VECTOR_STEP = 8
+VECTORS = ("layers.0.ln1.weight", "layers.0.ln1.bias", "layers.0.ln2.weight",
+           "layers.0.ln2.bias", "layers.1.ln1.weight", "layers.1.ln1.bias",
+           "layers.1.ln2.weight", "layers.1.ln2.bias", "norm.weight", "norm.bias")
 
 
-def _fp16_run(step_fn):
+def _planted() -> dict:
+    """`PLANTED`, with a gradient of one of `VECTORS` drawn made inf, -inf or nan at
+    `VECTOR_STEP`."""
+    rng = expect.rng()
+    value = rng.choice((float("inf"), float("-inf"), float("nan")))
+    return {**PLANTED, VECTOR_STEP: (rng.choice(VECTORS), value)}
+
+
+def _fp16_run(step_fn, planted: dict = PLANTED):
     """Train a fresh tiny GPT (SGD with momentum) under fp16 autocast for STEPS steps; step_fn(
     model, opt, loss, scale) -> next scale. Returns the scales (each step's, then the last one
     returned), whether each step changed the weights, and the weights after each step (flat);
-    stops after a step that leaves weights that are not finite. At the steps of `PLANTED` one
-    entry of one parameter's gradient is made inf or nan in the backward."""
+    stops after a step that leaves weights that are not finite. At the steps of ``planted``
+    (`PLANTED` and more) one entry of one parameter's gradient is made inf or nan in the
+    backward."""
     import torch
 
     from .. import gpt
@@ -185,7 +198,7 @@ def _fp16_run(step_fn):
 
     def planter(name):
         def plant(grad):
-            where, value = PLANTED.get(now[0], (None, None))
+            where, value = planted.get(now[0], (None, None))
             if where != name:
                 return grad
             grad = grad.clone()
@@ -195,7 +208,7 @@ def _fp16_run(step_fn):
         return plant
 
     for name, p in model.named_parameters():
-        if any(where == name for where, _ in PLANTED.values()):
+        if any(where == name for where, _ in planted.values()):
             p.register_hook(planter(name))
     scale, scales, stepped, weights = START, [], [], []
     for step in range(STEPS):
@@ -265,8 +278,9 @@ def exercise_2(scaled_step) -> None:
     """``scaled_step(model, optimizer, loss, scale)`` -> the next scale: the backward of
     ``loss * scale``; with finite gradients, unscale and step and keep the scale; otherwise skip
     the step and halve it. Checked over 10 fp16 steps from 2^24 against ``GradScaler``: the
-    scales, which steps changed the weights, and the weights; at two steps one gradient of one
-    layer is made inf or nan (`PLANTED`). The answer itself may not use GradScaler."""
+    scales, which steps changed the weights, and the weights; at three steps one gradient of
+    one layer is made inf or nan (`PLANTED`, and a LayerNorm's drawn from `VECTORS`). The
+    answer itself may not use GradScaler."""
     import torch
 
     def learner(model, opt, loss, scale):
@@ -281,17 +295,19 @@ def exercise_2(scaled_step) -> None:
             )
         return float(new)
 
-    want_scales, want_stepped, want_weights = _fp16_run(_grad_scaler_step())
-    got_scales, got_stepped, got_weights = _fp16_run(learner)
+    planted = _planted()
+    want_scales, want_stepped, want_weights = _fp16_run(_grad_scaler_step(), planted)
+    got_scales, got_stepped, got_weights = _fp16_run(learner, planted)
     for step in range(STEPS):
         overflow = not want_stepped[step]
         why = (f"step {step} overflowed (gradients not finite at scale "
                f"{_power(want_scales[step])})" if overflow else
                f"at step {step} the gradients are finite (scale {_power(want_scales[step])})")
-        if step in PLANTED:
-            where, value = PLANTED[step]
-            why = (f"step {step} overflowed in one layer: {where}'s gradient holds {value} "
-                   "(the check put it there), every other gradient is finite")
+        if step in planted:
+            where, value = planted[step]
+            kind = " (a vector: a LayerNorm's)" if step == VECTOR_STEP else ""
+            why = (f"step {step} overflowed in one layer: {where}'s gradient{kind} holds "
+                   f"{value} (the check put it there), every other gradient is finite")
         broken = not got_weights[step].isfinite().all()
         if overflow and got_stepped[step]:
             now = "; your weights now hold inf or nan" if broken else ""
@@ -380,11 +396,9 @@ def exercise_3(fsdp_bytes, cluster) -> None:
     ``MixedPrecisionPolicy`` and AdamW; measured on the cluster for n = world size and n = 1,
     and on `MORE_RANKS` ranks of their own (there the mean over the ranks: 3 ranks split the
     rows unevenly), for the notebook's three policies and one more drawn at every check."""
-    import random
-
     import torch
 
-    policies = (*POLICIES, random.SystemRandom().choice(OTHER_POLICIES))
+    policies = (*POLICIES, expect.rng().choice(OTHER_POLICIES))
     measured = expect.run(_measure_policies, policies, cluster=cluster, timeout=TIMEOUT)[0]
     more = expect.run(_measure_policies, policies, False, world_size=MORE_RANKS,
                       timeout=3 * TIMEOUT)

@@ -13,6 +13,7 @@ exercises outside the notebook.
 from __future__ import annotations
 
 import itertools
+import numbers
 
 import torch
 
@@ -292,13 +293,16 @@ def exercise_2(megatron_plan, cluster) -> None:
 
 # -- exercise 3: a whole step's collectives, as a formula -----------------------------------------
 
-#: The depths exercise 3 draws from at every check, for each of with and without sequence
+#: The depths exercise 3 measures at every check, for each of with and without sequence
 #: parallelism apart: one from each tuple, so that a formula must tell what grows with the
 #: layers from what does not. Never the notebook's own 2 layers (a number copied from its
-#: table fits no case), and the second never a depth the check tried before it drew (1 and 3
-#: always, then 2, 4 or 5): a table of the cases copied from earlier ✗ messages does not pass.
+#: table fits no case). Besides these the formula is asked for one depth from `FAR`, drawn
+#: anew, that no check measures: a model's counts grow by the same collectives with every
+#: layer, so the two measured depths give the line that one lies on. (A table of every case
+#: earlier ✗ messages showed does not pass: there are thousands.)
 SHALLOW = (1, 3, 4, 5)
 DEEP = (6, 7, 8)
+FAR = range(9, 4097)
 NAMES = ("all_reduce", "all_gather", "reduce_scatter")
 _SHORT = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
 
@@ -355,12 +359,31 @@ def _as_counts(value, where: str) -> dict:
                     f"step_collectives{where}[{way!r}] names {name!r}; use the names "
                     f"{', '.join(NAMES)}"
                 )
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
                 raise AssertionError(
                     f"step_collectives{where}[{way!r}][{name!r}] should be an int count; it is "
                     f"{expect.describe(n)}"
                 )
-        out[way] = {name: n for name, n in ops.items() if n}
+        out[way] = {name: int(n) for name, n in ops.items() if n}
+    return out
+
+
+def _on_the_line(shallow: dict, deep: dict, depths: tuple[int, int], n_layers: int) -> dict:
+    """The counts at ``n_layers``, from those measured at two ``depths``: every layer adds the
+    same collectives, so each count is a line in the depth (what it adds per layer divides
+    evenly; the two measured depths say by how much)."""
+    (a, b), out = depths, {}
+    for way in ("forward", "backward"):
+        ops = {}
+        for name in set(shallow.get(way, {})) | set(deep.get(way, {})):
+            low, high = shallow.get(way, {}).get(name, 0), deep.get(way, {}).get(name, 0)
+            per, left = divmod(high - low, b - a)
+            if left:
+                raise RuntimeError(f"{name} in the {way} does not grow by whole calls per layer "
+                                   f"({low} at {a} layers, {high} at {b}): distlab's bug")
+            if low + per * (n_layers - a):
+                ops[name] = low + per * (n_layers - a)
+        out[way] = ops
     return out
 
 
@@ -389,19 +412,24 @@ def exercise_3(step_collectives, cluster) -> None:
     (``gpt.tp_plan(sequence_parallel)``, ``loss_parallel``) on 2 ranks, names ``all_reduce``,
     ``all_gather``, ``reduce_scatter``. Compared with ``CommDebugMode``'s counts on the cluster
     for two depths drawn at every check (`SHALLOW`, `DEEP`), with and without sequence
-    parallelism each."""
-    import random
-
-    rng = random.SystemRandom()
+    parallelism each, and at a third depth drawn from `FAR`, where they lie on the line through
+    the two measured."""
+    rng = expect.rng()
     depths = {sp: (rng.choice(SHALLOW), rng.choice(DEEP)) for sp in (False, True)}
+    far = {sp: rng.choice(FAR) for sp in (False, True)}
     cases = tuple((n, sp) for sp in (False, True) for n in depths[sp])
-    answers = {case: step_collectives(*case) for case in cases}  # the learner's formula first
+    asked = (*cases, *((far[sp], sp) for sp in (False, True)))
+    answers = {case: step_collectives(*case) for case in asked}  # the learner's formula first
     answers = {
         case: _as_counts(value, f"(n_layers={case[0]}, sequence_parallel={case[1]})")
         for case, value in answers.items()
     }
     measured = expect.run(_count_run, cases, cluster=cluster, timeout=TIMEOUT)[0]
-    for case in cases:
+    for sp in (False, True):
+        shallow, deep = depths[sp]
+        measured[(far[sp], sp)] = _on_the_line(measured[(shallow, sp)], measured[(deep, sp)],
+                                               depths[sp], far[sp])
+    for case in asked:
         n_layers, sp = case
         for way in ("forward", "backward"):
             got, want = answers[case][way], measured[case].get(way, {})
@@ -414,7 +442,10 @@ def exercise_3(step_collectives, cluster) -> None:
                     if same_depths
                     else _hint(n_layers, sp, way, got, want)
                 )
+                counted = ("CommDebugMode counts" if case in cases else
+                           f"CommDebugMode counts {shallow} and {deep} layers on the cluster; "
+                           "every layer adds the same collectives, so here")
                 raise AssertionError(
-                    f"for n_layers={n_layers}, sequence_parallel={sp}, the {way}: CommDebugMode "
-                    f"counts {_text(want)}; your formula says {_text(got)}{hint}"
+                    f"for n_layers={n_layers}, sequence_parallel={sp}, the {way}: {counted} "
+                    f"{_text(want)}; your formula says {_text(got)}{hint}"
                 )

@@ -53,9 +53,7 @@ def _fixed_layouts() -> list[tuple[str, list[list[int]]]]:
 def _random_layout() -> list[list[int]]:
     """A layout drawn anew at every check (1 to 5 ranks, any positions, uneven, maybe empty):
     a table of the layouts above, copied from earlier messages, does not pass."""
-    import random
-
-    r, fixed = random.SystemRandom(), [layout for _, layout in _fixed_layouts()]
+    r, fixed = expect.rng(), [layout for _, layout in _fixed_layouts()]
     while True:
         world = r.randrange(1, 6)
         positions = list(range(r.randrange(world, 4 * world + 6)))
@@ -248,12 +246,39 @@ def _run_passes(start_pass, delay, cluster, record=False):
         ) from None
 
 
+#: The ranks of exercise 2's extra run, on processes of their own: not the cluster's 4, so
+#: that a ring written for 4 ranks (``(rank + 1) % 4``) does not pass.
+OTHER_WORLD = 3
+
+
+def _other_world(start_pass, world: int) -> None:
+    """The passes again on `OTHER_WORLD` new ranks; an answer that fails there (it raised, hung,
+    or received the wrong block) assumed the cluster's size."""
+    from ..errors import RankError, RankTimeout
+
+    other = OTHER_WORLD if world != OTHER_WORLD else world + 1
+    why = (f"right on this cluster's {world} ranks, but on {other} ranks of their own")
+    fix = (f": the ring's size is dist.get_world_size(), not {world} (send to (rank + 1) % "
+           "world, receive from (rank - 1) % world)")
+    try:
+        values = expect.run(_passes, start_pass, 0.0, world_size=other, timeout=TIMEOUT)
+    except RankError as e:
+        head = e.primary.headline().splitlines()[0].rstrip()
+        raise AssertionError(f"{why} rank {e.primary.rank} failed ({head}){fix}") from None
+    except RankTimeout:
+        raise AssertionError(f"{why} the passes hang{fix}") from None
+    for rank, got in enumerate(values):
+        if "seen" not in got:
+            raise AssertionError(f"{why} rank {rank}'s passes went wrong ({got}){fix}")
+
+
 def exercise_2(start_pass, cluster) -> None:
     """``start_pass(block)`` starts sending ``block`` to rank + 1 and receiving from rank - 1
     and returns ``(works, incoming)`` without waiting. Four passes on the cluster: each rank must
     receive its left neighbour's block every time (the first block is not contiguous); a second
-    run, under a timeline recording, checks that the ranks called send and receive only; in a
-    third, rank 0's first call must return before its neighbours have even started theirs
+    run, on `OTHER_WORLD` ranks of their own, checks the ring does not assume the cluster's
+    size; a third, under a timeline recording, that the ranks called send and receive only; in
+    a fourth, rank 0's first call must return before its neighbours have even started theirs
     (they wait `DELAY` s)."""
     world = cluster.world_size
     values = _run_passes(start_pass, 0.0, cluster)
@@ -294,6 +319,7 @@ def exercise_2(start_pass, cluster) -> None:
                 f"at pass {step} rank {rank} should hold rank {owner}'s block (a ring receives "
                 f"from rank - 1 and sends to rank + 1); it holds {source}"
             )
+    _other_world(start_pass, world)
     _, calls = _run_passes(start_pass, 0.0, cluster, record=True)
     for rank, names in enumerate(calls):
         others = sorted({n for n in names for o in _OTHERS if o in n.lower()})

@@ -86,11 +86,9 @@ def _random_routing():
     messages, does not pass. The draw is one where the capacity binds (some assignments kept,
     some dropped) and where token order would keep other ones, so that no fixed fallback
     (keep all, drop all, token order) passes it by luck."""
-    import random
-
     import torch
 
-    r = random.SystemRandom()
+    r = expect.rng()
     while True:
         experts, tokens = r.randrange(2, 7), r.randrange(4, 16)
         k = r.randrange(2, min(experts, 3) + 1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import random
+from fractions import Fraction
 
 from . import expect
 
@@ -80,7 +80,7 @@ def _draw_layouts() -> list[tuple[int, int, int]]:
     """(tp, pp, dp) layouts for one check: one whose middle stages hold a layer more than its
     first and last (as the paper's 16 stages), one of one stage, one of two, two anything;
     dp mostly a size that does not divide the rows (so padding shows); none of `SEEN`."""
-    rng = random.SystemRandom()
+    rng = expect.rng()
     tps = (1, 2, 4, 8)
     valid = [pp for pp in range(3, 127) if _valid_pp(pp)]
     dp = lambda: rng.choice((rng.randrange(3, 1024), rng.randrange(2, 64)))  # noqa: E731
@@ -101,7 +101,7 @@ def _draw_layouts() -> list[tuple[int, int, int]]:
 def _stages(pp: int) -> list[int]:
     """Every stage kind: the first, the second, a middle one drawn, the one before last, the
     last."""
-    middle = random.SystemRandom().randrange(pp)
+    middle = expect.rng().randrange(pp)
     return sorted({0, min(1, pp - 1), middle, max(pp - 2, 0), pp - 1})
 
 
@@ -161,6 +161,11 @@ def _hint_1(got, want, stage, tp, pp, dp) -> str:
     if got * 8 == want:  # 2 bytes per parameter: the bf16 parameters only
         return (" (16 bytes per parameter of the shard: fp32 parameters 4, fp32 gradients 4, "
                 "Adam's two moments 8; the bf16 copies FSDP2 gathers are freed after use)")
+    first = len(stage_layers(m["layers"], pp)[0])
+    if 0 < stage < pp - 1 and layers != first and got == variant(layers=first):
+        return (f" ({m['layers']} layers do not divide into {pp} equal stages: a middle stage "
+                f"holds {layers} layers, the first and last stages fewer; read each stage's own "
+                f"count, len(calculators.stage_layers({m['layers']}, {pp})[{stage}]))")
     if pp > 1 and m["layers"] % pp and got == variant(layers=m["layers"] // pp):
         return (f" ({m['layers']} layers do not divide into {pp} equal stages: the Llama 3 "
                 f"paper gives the first and last stages fewer; this stage has {layers}, "
@@ -191,14 +196,32 @@ def _hint_1(got, want, stage, tp, pp, dp) -> str:
 # -- exercise 2: when FSDP's all-gather hides --------------------------------------------------
 
 
+def _whole_cluster(rng) -> tuple[int, float, float] | None:
+    """(dp, flops, bandwidth) whose exact answer is a whole number of tokens, also as floats
+    compute it in any usual order (so that the ceiling of a learner's float is that number, and
+    "at least x" is x itself, not x + 1); None for a draw where some order rounds."""
+    dp = rng.choice((2, 4, 8, 16, 32, 64, 128, 3, 5, 6, rng.randrange(2, 1025)))
+    tokens = rng.randrange(1000, 50_000)
+    unit = rng.randrange(1, 2**12)  # bandwidth = (dp - 1) * unit: flops stays a whole float
+    bandwidth, flops = float((dp - 1) * unit * 2**20), float(tokens * dp * unit * 2**20)
+    orders = ((dp - 1) / dp * flops / bandwidth, flops / bandwidth * (dp - 1) / dp,
+              (dp - 1) * flops / (dp * bandwidth), flops * (1 - 1 / dp) / bandwidth,
+              flops / bandwidth * (1 - 1 / dp), (dp - 1) * flops / dp / bandwidth)
+    if not 1e14 <= flops <= 4e15 or any(x != tokens for x in orders):
+        return None
+    return dp, flops, bandwidth
+
+
 def _draw_clusters(n: int = 6) -> list[tuple[int, float, float]]:
-    """(dp, flops, bandwidth) of ``n`` clusters whose exact answer is never a whole number:
-    half with a fraction below 0.5 (rounding to the nearest is then not the ceiling), half
-    above (truncating is not), from a thousand to fifty thousand tokens (so that a token's tenth
-    is more than the 1e-6 the check forgives)."""
-    rng = random.SystemRandom()
+    """(dp, flops, bandwidth) of ``n`` clusters: one whose exact answer is a whole number of
+    tokens (then "at least x" is x: one more is wrong), the others never whole, half with a
+    fraction below 0.5 (rounding to the nearest is then not the ceiling), half above
+    (truncating is not), from a thousand to fifty thousand tokens (so that a token's tenth is
+    more than the 1e-6 the check forgives). In a drawn order: which case comes first is not
+    known in advance."""
+    rng = expect.rng()
     cases = []
-    for i in range(n):
+    for i in range(n - 1):
         # dp = 2 not first: a ring's dp / (dp - 1) is then 2, another mistake's ratio too
         dp = rng.choice((3, 8, rng.randrange(3, 1025)) if i == 0 else
                         (2, 3, 8, rng.randrange(2, 1025)))
@@ -207,7 +230,16 @@ def _draw_clusters(n: int = 6) -> list[tuple[int, float, float]]:
         tokens = rng.randrange(1000, 50_000) + fraction  # a tenth of a token is > 1e-6 of it
         bandwidth = (dp - 1) / dp * flops / tokens
         cases.append((dp, flops, bandwidth))
+    whole = None
+    while whole is None:
+        whole = _whole_cluster(rng)
+    cases.insert(rng.randrange(1, n), whole)  # after the first: dp = 2 is not first either
     return cases
+
+
+def _exact_tokens(dp: int, flops: float, bandwidth: float) -> Fraction:
+    """The exact ratio (dp - 1) / dp x flops / bandwidth of the floats given (no rounding)."""
+    return Fraction(dp - 1, dp) * Fraction(flops) / Fraction(bandwidth)
 
 
 def exercise_2(min_tokens) -> None:
@@ -216,15 +248,16 @@ def exercise_2(min_tokens) -> None:
     as FSDP's all-gather of that layer's bf16 parameters over ``dp`` ranks (a ring: each rank
     receives (dp - 1) / dp of them, at ``bandwidth`` bytes/s), so that prefetching hides it.
     Either the exact ratio (within 1e-6) or its ceiling, the fewest whole tokens, is right;
-    clusters drawn at every check."""
+    clusters drawn at every check, one with a whole answer."""
     for dp, flops, bandwidth in _draw_clusters():
-        want = (dp - 1) / dp * flops / bandwidth
+        exact = _exact_tokens(dp, flops, bandwidth)
+        want, fewest = float(exact), math.ceil(exact)
         got = min_tokens(dp, flops, bandwidth)
-        what = f"min_tokens({dp}, {flops:.6g}, {bandwidth:.6g})"
+        what = f"min_tokens({dp}, {flops:.17g}, {bandwidth:.17g})"
         if not isinstance(got, numbers.Real) or isinstance(got, bool) or not math.isfinite(got):
             raise AssertionError(f"{what} should be a number of tokens, got "
                                  f"{expect.describe(got)}")
-        if math.isclose(got, want, rel_tol=1e-6) or got == math.ceil(want):
+        if math.isclose(got, want, rel_tol=1e-6) or got == fewest:
             continue
         ratio = got / want if want else float("inf")
         hints = ((dp / (dp - 1), "a ring all-gather moves (dp - 1) / dp of the bytes, not all"),
@@ -234,12 +267,18 @@ def exercise_2(min_tokens) -> None:
                  (1 / 3, "the forward only: one all-gather against the forward's matmuls"))
         found = [h for r, h in hints if math.isclose(ratio, r, rel_tol=1e-3)]
         hint = f" ({'; or: '.join(found)})" if found else ""
-        if not hint and got in (math.floor(want), round(want)):
+        if not hint and exact.denominator == 1 and got == fewest + 1:
+            hint = (f" (here the ratio is exactly {fewest:,} tokens, a whole number: at "
+                    f"{fewest:,} the matmuls take exactly as long as the all-gather, which is "
+                    "\"at least as long\". math.floor(x) + 1 is one too many when x is whole; "
+                    "math.ceil(x) is the fewest whole tokens)")
+        elif not hint and got in (math.floor(want), round(want)):
             hint = (" (the fewest whole tokens round up: a token fewer and the all-gather "
                     "outlasts the matmuls; or give the exact ratio)")
+        whole = " (a whole number)" if exact.denominator == 1 else ""
         raise AssertionError(f"{what} gave {got!r}; the all-gather hides behind the forward "
-                             f"from {want:,.2f} tokens per rank (the exact ratio; its ceiling, "
-                             f"{math.ceil(want):,}, is right too){hint}")
+                             f"from {want:,.2f} tokens per rank{whole} (the exact ratio; its "
+                             f"ceiling, {fewest:,}, is right too){hint}")
 
 
 #: Exercise 3's layout, all but the pipeline: TP 8, FSDP over 8, 1F1B with pp microbatches,
@@ -282,58 +321,102 @@ def _peaks(model, pp: int) -> tuple[int, ...]:
     return tuple(layout.memory(model, stage).peak for stage in range(pp))
 
 
-def _draw_model(rng):
+def _draw_model(rng, layers: int | None = None):
     """A Llama-like model no notebook shows: hidden a multiple of 1,024, heads of 128, 8
-    key-value heads, the MLP about 3.5 x hidden, 24-96 layers, a 32K to 256K vocabulary."""
+    key-value heads, the MLP about 3.5 x hidden, ``layers`` layers (drawn from 24-96 if not
+    given), a 32K to 256K vocabulary."""
     from ..calculators import Transformer
 
     hidden = 1024 * rng.randrange(4, 17)
     vocab = rng.choice((32768, 65536, 128256, 256000))
+    layers = rng.randrange(24, 97) if layers is None else layers
     return Transformer(f"drawn-{hidden}-{vocab}", vocab=vocab, hidden=hidden,
-                       intermediate=256 * round(3.5 * hidden / 256), layers=rng.randrange(24, 97),
+                       intermediate=256 * round(3.5 * hidden / 256), layers=layers,
                        heads=hidden // 128, kv_heads=8)
 
 
-def _draw_choices(n: int = 6):
-    """(model, capacity) cases, yielded as drawn: capacities between two pipeline sizes' worst
-    peaks (the first exactly at the answer's: "at most" includes it), among them one where a
-    later stage decides (a middle one, a layer heavier when the layers do not split evenly, or
-    the last) and one where the first does, then one where no pipeline of `PP_TRIED` fits."""
-    rng = random.SystemRandom()
-    found, first_decides, last_decides = 0, False, False
-    for _ in range(400):
-        if found >= n - 1 and last_decides and first_decides:
-            break
-        model = _draw_model(rng)
-        tried = [pp for pp in PP_TRIED if _splits(model, pp)]
-        if len(tried) < 3:
-            continue
-        at = rng.randrange(1, len(tried))
-        pp, before = tried[at], tried[at - 1]
-        worst, fewer = max(_peaks(model, pp)), max(_peaks(model, before))
-        if worst >= fewer:
-            continue  # one stage more does not help here: not a question with one answer
-        peaks = _peaks(model, before)
-        rest = max(peaks[1:])  # a later stage: a middle one has a layer more, the last the loss
-        capacity = worst if found == 0 else rng.randrange(worst, fewer)
-        for needed, heavy, light in ((not last_decides, rest, peaks[0]),
-                                     (not first_decides, peaks[0], rest)):
-            if found and needed and heavy > max(worst, light):  # aim at a case still missing
-                capacity = rng.randrange(max(worst, light), heavy)
+#: The kinds of case exercise 3 draws, one each, in this order: a capacity exactly the
+#: answer's worst peak ("at most" includes it); the answer the largest degree, 16; the answer
+#: past a degree the layers do not split into (a search that stops there, or skips what follows,
+#: fails); a later stage of the pipeline one smaller deciding (a middle one, a layer heavier
+#: when the layers do not split evenly, or the last); the first stage deciding; anything.
+KINDS = ("exact", "largest", "past a gap", "a later stage decides", "the first stage decides",
+         "any")
+
+
+def _draw_case(rng, kind: str):
+    """One (model, capacity) of ``kind`` (`KINDS`), or None when this draw cannot make one. The
+    capacity lies between the answer's worst peak and the smallest worst peak of the fewer
+    stages the layers split into: the answer is the fewest that fit, by construction."""
+    if kind == "largest":  # ceil(layers / 16) < ceil(layers / 15): 16 stages hold fewer layers
+        k = rng.randrange(2, 7)
+        layers = rng.randrange(15 * k + 1, 16 * k + 1)
+    else:
+        layers = rng.randrange(24, 41) if kind == "past a gap" else None  # few layers: gaps
+    model = _draw_model(rng, layers)
+    tried = [pp for pp in PP_TRIED if _splits(model, pp)]
+    if kind == "largest":
+        answers = [pp for pp in tried[1:] if pp == PP_TRIED[-1]]
+    elif kind == "past a gap":
+        answers = [pp for pp in tried[1:] if any(q not in tried for q in range(1, pp))]
+    else:
+        answers = tried[1:]
+    if not answers:
+        return None
+    pp = rng.choice(answers)
+    worst = max(_peaks(model, pp))
+    fewer = [q for q in tried if q < pp]
+    before = min(fewer, key=lambda q: max(_peaks(model, q)))  # the nearest to fitting
+    peaks = _peaks(model, before)
+    upper = max(peaks)
+    if worst >= upper:
+        return None  # one stage more does not help here: not a question with one answer
+    rest = max(peaks[1:], default=0)  # a later stage: a middle one, a layer heavier, or the last
+    if kind == "exact":
+        return model, worst
+    if kind == "a later stage decides":  # `before`'s first stage fits, a later one does not
+        low = max(worst, peaks[0])
+    elif kind == "the first stage decides":
+        low = max(worst, rest)
+    else:
+        low = worst
+    if low >= upper:
+        return None
+    return model, rng.randrange(low, upper)
+
+
+def _draw_choices():
+    """(model, capacity) cases, yielded as drawn: one of each of `KINDS` (a kind this draw of
+    models cannot make after 200 tries is left out: tests/test_drawn_cases.py sees it never
+    is), then one where no pipeline of `PP_TRIED` fits."""
+    rng = expect.rng()
+    for kind in KINDS:
+        for _ in range(200):
+            case = _draw_case(rng, kind)
+            if case is not None:
+                yield case
                 break
-        if fewest_stages_truth(model, capacity) != pp:
-            continue
-        decides_last = rest > capacity >= peaks[0]
-        decides_first = peaks[0] > capacity >= rest
-        if found >= n - 1 and not (decides_last and not last_decides
-                                   or decides_first and not first_decides):
-            continue
-        last_decides |= decides_last
-        first_decides |= decides_first
-        found += 1
-        yield model, capacity
     model = _draw_model(rng)
     yield model, max(_peaks(model, 1)) // 100  # a hundredth: nothing fits
+
+
+def _why_none(model, want: int) -> str:
+    """Why a search may have missed ``want`` stages: it stopped short of 16, or at a degree the
+    layers do not split into."""
+    skipped = [pp for pp in range(1, want) if not _splits(model, pp)]
+    why = []
+    if want == PP_TRIED[-1]:
+        why.append("try every pp from 1 to 16, 16 included: range(1, 17)")
+    if skipped:
+        why.append(f"{model.layers} layers do not split into {_listed(skipped)} stages, but do "
+                   f"into {want}: skip a pp that does not split and go on to the next")
+    return " (" + ("; ".join(why) or "try every pp the layers split into, fewest first; a peak "
+                   "equal to the capacity fits") + ")"
+
+
+def _listed(numbers_: list[int]) -> str:
+    return ", ".join(map(str, numbers_[:-1])) + (" or " if len(numbers_) > 1 else "") + str(
+        numbers_[-1])
 
 
 def exercise_3(fewest_stages) -> None:
@@ -341,8 +424,9 @@ def exercise_3(fewest_stages) -> None:
     layers split into: `calculators.stage_layers`) with which
     every stage of ``model`` (a `calculators.Transformer`), laid out as `CHOOSE`, peaks at
     ``capacity`` bytes or less by the calculator; None when none does. Models and capacities
-    drawn at every check: one capacity exactly a peak, one where the last stage decides, one
-    where nothing fits."""
+    drawn at every check, one of each of `KINDS` (a capacity exactly a peak, 16 stages, a
+    pipeline past a degree the layers do not split into, a later stage or the first
+    deciding), then one where nothing fits."""
     for model, capacity in _draw_choices():
         want = fewest_stages_truth(model, capacity)
         what = (f"fewest_stages(Transformer(hidden={model.hidden}, layers={model.layers}, "
@@ -355,10 +439,9 @@ def exercise_3(fewest_stages) -> None:
                                      "the capacity); return None")
             continue
         if got is None:
-            raise AssertionError(f"{what} gave None, but a pipeline of 1 to 16 stages fits "
-                                 "there (try every pp the layers split into, fewest first; a "
-                                 "peak equal to the capacity fits)")
-        if not isinstance(got, int) or isinstance(got, bool):
+            raise AssertionError(f"{what} gave None, but {want} stages fit there"
+                                 f"{_why_none(model, want)}")
+        if not isinstance(got, numbers.Integral) or isinstance(got, bool):
             raise AssertionError(f"{what} should be a whole number of stages (or None), got "
                                  f"{expect.describe(got)}")
         if got == want:

@@ -13,7 +13,8 @@ not pass.
 
 from __future__ import annotations
 
-import random
+import functools
+import numbers
 
 from . import expect
 
@@ -58,14 +59,52 @@ def expected_groups(pp: int, dp: int, tp: int) -> dict:
     return groups
 
 
-def draw_shapes(n: int = 4) -> list[tuple[int, int, int]]:
-    """``n`` (pp, dp, tp) shapes for one check: the first with every axis above 1 and no two
-    alike (a mix-up of axes shows), one with an axis of 1, the rest anything up to 4 x 4 x 4;
-    none of `SEEN`."""
-    rng = random.SystemRandom()
-    uneven = rng.choice([s for s in _all_shapes() if min(s) > 1 and len(set(s)) == 3])
-    flat = rng.choice([s for s in _all_shapes() if 1 in s and max(s) > 1])
-    return [uneven, flat, *(rng.choice(_all_shapes()) for _ in range(n - 2))]
+#: The most ranks a drawn mesh has: exercise 1 (groups) and exercise 2 (every rank's traffic,
+#: so fewer). Thousands of shapes either way: too many to paste from ✗ messages.
+MOST_1, MOST_2 = 512, 64
+
+
+def draw_shapes(most: int = MOST_1) -> list[tuple[int, int, int]]:
+    """(pp, dp, tp) shapes for one check, of at most ``most`` ranks, none of `SEEN`: the first
+    with every axis above 1 and no two alike (a mix-up of axes shows), one with an axis of 1,
+    then for each axis a pair of meshes that differ in that axis only (an answer that ignores
+    one axis, or keeps what it computed by two of them, gives the second the first's groups)."""
+    rng = expect.rng()
+    shapes = _all_shapes(most)
+    uneven = rng.choice(_uneven(most))
+    flat = rng.choice(_flat(most))
+    drawn = [uneven, flat]
+    for axis in range(3):
+        while True:
+            first = rng.choice(shapes)
+            twins = [s for s in _along(most, axis)[_rest(first, axis)] if s != first]
+            if twins:
+                break
+        drawn += [first, rng.choice(twins)]
+    return drawn
+
+
+def _rest(shape: tuple, axis: int) -> tuple:
+    return tuple(n for i, n in enumerate(shape) if i != axis)
+
+
+@functools.lru_cache(maxsize=8)
+def _uneven(most: int) -> tuple:
+    return tuple(s for s in _all_shapes(most) if min(s) > 1 and len(set(s)) == 3)
+
+
+@functools.lru_cache(maxsize=8)
+def _flat(most: int) -> tuple:
+    return tuple(s for s in _all_shapes(most) if 1 in s and max(s) > 1)
+
+
+@functools.lru_cache(maxsize=8)
+def _along(most: int, axis: int) -> dict:
+    """The shapes by their sizes on the two other axes: those that differ in ``axis`` only."""
+    out: dict = {}
+    for s in _all_shapes(most):
+        out.setdefault(_rest(s, axis), []).append(s)
+    return out
 
 
 #: The shapes the checks tried before they drew theirs (their ✗ messages printed the answers
@@ -73,13 +112,16 @@ def draw_shapes(n: int = 4) -> list[tuple[int, int, int]]:
 SEEN = ((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 4, 1), (3, 2, 2), (2, 3, 4))
 
 
-def _all_shapes() -> list[tuple[int, int, int]]:
-    return [(p, d, t) for p in range(1, 5) for d in range(1, 5) for t in range(1, 5)
-            if p * d * t > 1 and (p, d, t) not in SEEN]
+@functools.lru_cache(maxsize=4)
+def _all_shapes(most: int) -> tuple[tuple[int, int, int], ...]:
+    return tuple((p, d, t) for p in range(1, most + 1) for d in range(1, most // p + 1)
+                 for t in range(1, most // (p * d) + 1)
+                 if p * d * t > 1 and (p, d, t) not in SEEN)
 
 
 def _is_rank(r) -> bool:
-    return isinstance(r, int) and not isinstance(r, bool)
+    """An int, numpy's and torch's included (``numbers.Integral``); not a bool."""
+    return isinstance(r, numbers.Integral) and not isinstance(r, bool)
 
 
 def _float_ranks(value) -> bool:
@@ -110,7 +152,9 @@ def _shape(pp: int, dp: int, tp: int) -> str:
 def exercise_1(mesh_groups) -> None:
     """``mesh_groups(pp, dp, tp)`` -> ``{"pp": [...], "dp": [...], "tp": [...]}``: every group of
     each axis of a ``(pp, dp, tp)`` mesh, each a list of ranks (ints) in mesh order; the order
-    of the groups does not matter. Shapes drawn at every check (`draw_shapes`)."""
+    of the groups does not matter. Shapes of up to `MOST_1` ranks drawn at every check
+    (`draw_shapes`), among them pairs that differ in one axis only."""
+    asked = {}  # the groups of the shapes asked before, to name an answer that repeats one
     for pp, dp, tp in draw_shapes():
         got = mesh_groups(pp, dp, tp)
         shape = _shape(pp, dp, tp)
@@ -123,13 +167,40 @@ def exercise_1(mesh_groups) -> None:
             if sorted(groups) == want[axis]:
                 continue
             hint = ""
-            if axis == "dp" and any(len({_stage(r, pp, dp, tp) for r in g}) > 1 for g in groups):
+            earlier = [s for s, w in asked.items() if sorted(groups) == w[axis]]
+            if earlier:
+                before = earlier[0]
+                differs = ", ".join(f"{a}={before[i]} there, {(pp, dp, tp)[i]} here"
+                                    for i, a in enumerate(AXES) if before[i] != (pp, dp, tp)[i])
+                hint = (f" (those are the {axis} groups of the {'x'.join(map(str, before))} mesh "
+                        f"asked before ({differs}): every size changes the groups, so compute "
+                        "them from all three, or key what you keep by (pp, dp, tp))")
+            elif axis == "dp" and any(len({_stage(r, pp, dp, tp) for r in g}) > 1
+                                      for g in groups):
                 hint = (" (a dp group stays inside one pipeline stage: its ranks share the pp "
                         "and tp coordinates)")
             elif sorted(map(sorted, groups)) == sorted(map(sorted, want[axis])):
                 hint = " (the right ranks, in another order: list each group in mesh order)"
-            raise AssertionError(f"for {shape} the {axis} groups should be {want[axis]}; yours "
-                                 f"are {groups}{hint}")
+            raise AssertionError(f"for {shape} the {axis} groups should be "
+                                 f"{_groups_text(want[axis], groups)}{hint}")
+        asked[(pp, dp, tp)] = want
+
+
+def _groups_text(want: list, groups: list) -> str:
+    """``want``, and where ``groups`` differ from it: whole when short, else the counts or
+    the first group that is not one of ``want``'s, beside the group of its first rank."""
+    whole = f"{want}; yours are {groups}"
+    if len(whole) <= 400:
+        return whole
+    if len(groups) != len(want) or any(len(g) != len(want[0]) for g in groups):
+        sizes = sorted({len(g) for g in groups})
+        return (f"{len(want)} groups of {len(want[0])} ranks, like {want[0]}; yours are "
+                f"{len(groups)} groups of {' or '.join(map(str, sizes)) or 'no'} ranks")
+    wrong = next(g for g in sorted(groups) if g not in want)
+    of = next((w for w in want if wrong and wrong[0] in w), want[0])
+    return (f"{len(want)} groups of {len(want[0])} ranks, like {want[0]}; yours include "
+            f"{wrong}, which is none of them (the group of rank {wrong[0] if wrong else 0} is "
+            f"{of})")
 
 
 def expected_traffic(rank: int, pp: int, dp: int, tp: int) -> dict:
@@ -185,8 +256,8 @@ def exercise_2(step_traffic) -> None:
     notebook's composition on a ``(pp, dp, tp)`` mesh, the ranks ``rank`` sends to and receives
     from, and the group each collective it calls runs over (itself included: a group of one
     when that axis has size 1); the order inside a list does not matter. Every rank of shapes
-    drawn at every check (`draw_shapes`)."""
-    for pp, dp, tp in draw_shapes():
+    of up to `MOST_2` ranks drawn at every check (`draw_shapes`)."""
+    for pp, dp, tp in draw_shapes(MOST_2):
         for rank in range(pp * dp * tp):
             got = step_traffic(rank, pp, dp, tp)
             call = f"step_traffic({rank}, {pp}, {dp}, {tp})"

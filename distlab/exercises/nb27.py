@@ -51,7 +51,7 @@ def _interval_hints(save: float, gpus: int, mtbf: float) -> list[tuple[float, st
 def exercise_1(checkpoint_interval) -> None:
     """``checkpoint_interval(save_seconds, gpus, gpu_mtbf_hours)`` -> Young's interval in
     seconds, on drawn cases."""
-    r = random.SystemRandom()
+    r = expect.rng()
     for _ in range(CASES):
         save, gpus, mtbf = _draw_interval_case(r)
         got = checkpoint_interval(save, gpus, mtbf)
@@ -77,30 +77,33 @@ def exercise_1(checkpoint_interval) -> None:
 # -- exercise 2: find the straggler -----------------------------------------------------------
 
 
-def draw_job(r: random.Random) -> tuple[dict, int, int]:
+def draw_job(r: random.Random, bad_step: int | None = None) -> tuple[dict, int, int]:
     """A synchronous job's per-rank timings: ``(times, straggler, hiccup)``.
 
     ``times[rank]`` is a list of ``(before, inside)`` seconds per step. The straggler is slow
-    before the collective at every step; every rank's step ends when the slowest arrives, so the
-    others wait inside for the difference (plus 2 or 3 ms; the last to arrive, 1 ms), and the
-    steps take the same time on every rank, the straggler's never the longest. Another rank,
-    ``hiccup``, has one first step far slower than the straggler's (a warm-up, a pause): its
-    mean, its maximum and its first step are the largest, not its median."""
+    before the collective at every step; every rank's step ends when the slowest arrives and
+    the all-reduce then runs (2 to 5 ms, finishing a little apart on each rank), so the others
+    wait inside for the difference, and the steps take about the same time on every rank (the
+    straggler's not the shortest: its all-reduce may end later than another's). Another rank,
+    ``hiccup``, has one step (``bad_step``, drawn if None: the first, a middle or the last)
+    far slower than the straggler's (a warm-up, a pause): its mean, its maximum and that
+    step's time are the largest, not its median."""
     world = r.randrange(3, 9)
     steps = r.randrange(5, 9)
     straggler = r.randrange(world)
     hiccup = r.choice([k for k in range(world) if k != straggler])
+    bad = r.randrange(steps) if bad_step is None else bad_step % steps
     delay = r.randrange(40, 200) / 1000
     times: dict[int, list] = {k: [] for k in range(world)}
     for s in range(steps):
         before = {k: r.randrange(5, 15) / 1000 for k in range(world)}
         before[straggler] += delay
-        if s == 0:
+        if s == bad:
             before[hiccup] += delay * (steps + 2)
         slowest = max(before.values())
         for k in range(world):
-            late = 1 if k == straggler else r.randrange(2, 4)
-            times[k].append((round(before[k], 4), round(slowest - before[k] + late / 1000, 4)))
+            reduce = r.randrange(2, 6) / 1000
+            times[k].append((round(before[k], 4), round(slowest - before[k] + reduce, 4)))
     return times, straggler, hiccup
 
 
@@ -108,21 +111,67 @@ def _copy(times: dict) -> dict:
     return {k: list(v) for k, v in times.items()}
 
 
-def exercise_2(find_straggler) -> None:
-    """``find_straggler(times)`` -> the rank slow at every step, on drawn jobs where another
-    rank has one very slow step."""
+def _median(values) -> float:
     import statistics
 
-    r = random.SystemRandom()
-    for _ in range(CASES):
-        while True:  # a job where the longest median wait is not the hiccup's, so that each
-            # wrong way of reading the times names a rank of its own (and gets its own message)
-            times, straggler, hiccup = draw_job(r)
-            waits = {k: statistics.median(i for _, i in v) for k, v in times.items()}
-            if max(waits, key=waits.get) != hiccup:
-                break
+    return statistics.median(values)
+
+
+#: Ways of reading the timings that name the straggler on some jobs and not on others: each
+#: drawn job is one where every one of these names another rank than the straggler (so none
+#: passes by luck), and each gets a message of its own in `exercise_2`.
+WRONG_RULES = {
+    "the longest median wait inside": lambda t: max(t, key=lambda k: _median(i for _, i in t[k])),
+    "the largest mean before": lambda t: max(t, key=lambda k: sum(b for b, _ in t[k])),
+    "the slowest single step before": lambda t: max(t, key=lambda k: max(b for b, _ in t[k])),
+    "the first step dropped, then the largest mean before":
+        lambda t: max(t, key=lambda k: sum(b for b, _ in t[k][1:])),
+    "the first step alone": lambda t: max(t, key=lambda k: t[k][0][0]),
+    "the last step alone": lambda t: max(t, key=lambda k: t[k][-1][0]),
+    "the shortest median step": lambda t: min(t, key=lambda k: _median(b + i for b, i in t[k])),
+    "the longest median step": lambda t: max(t, key=lambda k: _median(b + i for b, i in t[k])),
+}
+
+
+#: The rules that do not read the time before the collective: on a drawn job they name
+#: neither the straggler nor the rank with the bad step, so that their message is theirs.
+_NOT_BEFORE = ("the longest median wait inside", "the shortest median step",
+               "the longest median step")
+
+
+def _separating_job(r: random.Random, bad_step: int) -> tuple[dict, int, int]:
+    """A job (`draw_job`, the bad step where ``bad_step`` says) on which every rule of
+    `WRONG_RULES` that can be wrong there names another rank than the straggler: the first
+    step's rules where the bad step is not the first, the last step's where it is not the
+    last, the others always."""
+    while True:
+        times, straggler, hiccup = draw_job(r, bad_step)
+        bad = next(s for s in range(len(times[0]))
+                   if times[hiccup][s][0] > max(b for b, _ in times[straggler]))
+        fooled = {name: rule(times) != straggler for name, rule in WRONG_RULES.items()}
+        if bad == 0:
+            fooled.pop("the first step dropped, then the largest mean before")
+        if bad != 0:
+            fooled.pop("the first step alone")
+        if bad != len(times[0]) - 1:
+            fooled.pop("the last step alone")
+        others = {WRONG_RULES[name](times) for name in _NOT_BEFORE}  # their own messages
+        if all(fooled.values()) and hiccup not in others:
+            return times, straggler, hiccup
+
+
+def exercise_2(find_straggler) -> None:
+    """``find_straggler(times)`` -> the rank slow at every step, on drawn jobs where another
+    rank has one very slow step (the first, a middle one, the last: each at least once), and
+    on which every rule of `WRONG_RULES` names another rank."""
+    r = expect.rng()
+    bad_steps = [0, -1, 2, r.randrange(1, 4), 0, -1][:CASES]
+    r.shuffle(bad_steps)
+    for bad_step in bad_steps:
+        times, straggler, hiccup = _separating_job(r, bad_step)
         got = find_straggler(_copy(times))
         world, steps = len(times), len(times[0])
+        bad = next(s for s in range(steps) if times[hiccup][s][0] > times[straggler][s][0])
         what = f"a job of {world} ranks, {steps} steps"
         if isinstance(got, bool) or not isinstance(got, numbers.Integral):
             raise AssertionError(f"find_straggler should return a rank (an int); got "
@@ -131,19 +180,25 @@ def exercise_2(find_straggler) -> None:
             continue
         if got == hiccup:
             raise AssertionError(
-                f"{what}: you named rank {got}, which had one bad step and is fast at the "
-                "others; the straggler is slow at every step (a mean, a maximum or the first step "
-                "lets one step decide: take the median)")
-        if got == max(waits, key=waits.get):
-            raise AssertionError(
-                f"{what}: you named rank {got}, which waits the longest inside the "
-                "collective: it is one of the fast ranks, waiting for the straggler")
+                f"{what}: you named rank {got}, which had one bad step (step {bad} of 0 to "
+                f"{steps - 1}) and is fast at the others; the straggler is slow at every step "
+                "(a mean, a maximum or any one step lets one step decide, and a bad step can "
+                "come anywhere: take the median)")
         if not 0 <= got < world:
             raise AssertionError(f"{what}: rank {got} is not one of the ranks 0 to {world - 1}")
+        why = []
+        if got == WRONG_RULES["the longest median wait inside"](times):
+            why.append("it waits the longest inside the collective: it is one of the fast "
+                       "ranks, waiting for the straggler")
+        if got in (WRONG_RULES["the shortest median step"](times),
+                   WRONG_RULES["the longest median step"](times)):
+            why.append("its steps are the shortest or the longest, but every rank's step ends "
+                       "when the all-reduce does, so the step times are all about alike and "
+                       "say nothing")
         raise AssertionError(
             f"{what}: you named rank {got}, which is not slow before the collective at most "
-            "steps; look at each rank's time before the all-reduce, step by step (the step "
-            "times are all alike)")
+            f"steps{': ' + '; and '.join(why) if why else ''}. Look at each rank's time before "
+            "the all-reduce, step by step")
 
 
 # -- exercise 3: who entered last, from the Flight Recorder's dumps ---------------------------
@@ -219,7 +274,7 @@ def exercise_3(fn) -> None:
     buffers start at different calls and whose groups both number their calls from 1."""
     import copy
 
-    r = random.SystemRandom()
+    r = expect.rng()
     for _ in range(CASES):
         dumps = draw_dumps(r)
         want = entered_last(dumps)

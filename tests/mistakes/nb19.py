@@ -187,6 +187,26 @@ def scaled_step(model, optimizer, loss, scale):
     optimizer.step()
     return scale
 """, "the optimizer step must be skipped"),
+    Answer(2, "checks the matrices' gradients only (LayerNorm weights and biases never)", """
+def scaled_step(model, optimizer, loss, scale):
+    (loss * scale).backward()
+    if not all(p.grad.isfinite().all() for p in model.parameters() if p.ndim == 2):
+        return scale / 2
+    for p in model.parameters():
+        p.grad /= scale
+    optimizer.step()
+    return scale
+""", "(a vector: a LayerNorm's) holds"),
+    Answer(2, "right, written with torch.stack of per-gradient flags", """
+def scaled_step(model, optimizer, loss, scale):
+    (loss * scale).backward()
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not torch.stack([torch.isfinite(p.grad).all() for p in params]).all():
+        return 0.5 * scale
+    torch._foreach_div_([p.grad for p in params], scale)
+    optimizer.step()
+    return scale
+""", RIGHT),
     Answer(2, "looks for inf only: a nan gradient steps", """
 def scaled_step(model, optimizer, loss, scale):
     (loss * scale).backward()

@@ -242,6 +242,26 @@ SEEN = {(L, sp): _right(L, sp) for L in (1, 2, 3, 4, 5) for sp in (False, True)}
 def step_collectives(n_layers, sequence_parallel):
     return SEEN.get((n_layers, sequence_parallel), SEEN[2, sequence_parallel])
 """, "CommDebugMode counts"),
+    Answer(3, "a table of every depth the check measures (1-8, both modes), pasted", """
+def _right(L, sp):
+    if not sp:
+        return {"forward": {"all_reduce": 2 * L + 4}, "backward": {"all_reduce": 4 * L + 1}}
+    return {"forward": {"all_gather": 2 * L + 1, "all_reduce": 3, "reduce_scatter": 2 * L + 2},
+            "backward": {"all_gather": 2 * L + 2, "reduce_scatter": 2 * L + 1}}
+SEEN = {(L, sp): _right(L, sp) for L in range(1, 9) for sp in (False, True)}
+def step_collectives(n_layers, sequence_parallel):
+    return SEEN.get((n_layers, sequence_parallel), SEEN[2, sequence_parallel])
+""", "every layer adds the same collectives, so here"),
+    Answer(3, "the solution, with numpy integers as counts", """
+import numpy as np
+def step_collectives(n_layers, sequence_parallel):
+    L = np.int64(n_layers)
+    if not sequence_parallel:
+        return {"forward": {"all_reduce": 2 * L + 4}, "backward": {"all_reduce": 4 * L + 1}}
+    return {"forward": {"all_gather": 2 * L + 1, "all_reduce": np.int64(3),
+                        "reduce_scatter": 2 * L + 2},
+            "backward": {"all_gather": 2 * L + 2, "reduce_scatter": 2 * L + 1}}
+""", RIGHT),
     Answer(3, "a tuple (forward, backward)", """
 def step_collectives(n_layers, sequence_parallel):
     return ({"all_reduce": 2 * n_layers + 4}, {"all_reduce": 4 * n_layers + 1})

@@ -82,6 +82,17 @@ def start_pass(block):
     return [dist.isend(block.contiguous(), (rank + 1) % world),
             dist.irecv(incoming, (rank - 1) % world)], incoming
 """, RIGHT),
+    Answer(2, "the world size hard-coded to 4, the cluster's own size", """
+def start_pass(block):
+    rank = dist.get_rank()
+    block = block.contiguous()
+    incoming = torch.empty_like(block)
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, block, (rank + 1) % 4),
+        dist.P2POp(dist.irecv, incoming, (rank - 1) % 4),
+    ])
+    return works, incoming
+""", "the ring's size is dist.get_world_size(), not 4"),
     Answer(2, "forgets that the block is not contiguous", """
 def start_pass(block):
     rank, world = dist.get_rank(), dist.get_world_size()

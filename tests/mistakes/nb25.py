@@ -66,6 +66,13 @@ ANSWERS = [
     Answer(1, "equal stages: 126 // pp layers each", _variant(
         "len(stage_layers(m.layers, pp)[stage])", "(m.layers // pp)"),
         "do not divide into"),
+    Answer(1, "wrong only on a middle stage: every stage given the first stage's layers",
+           _variant("len(stage_layers(m.layers, pp)[stage])",
+                    "len(stage_layers(m.layers, pp)[0 if stage < pp - 1 else stage])"),
+           "a middle stage holds"),
+    Answer(1, "the solution with numpy integers", _variant(
+        "    return 16 * n", "    import numpy as np\n    return np.int64(16) * np.int64(n)"),
+        RIGHT),
     Answer(1, "no embedding or output layer", _variant(
         "    if stage == 0:\n        n += shard(m.vocab // tp, h)  # the embedding\n", "").replace(
         "    if stage == pp - 1:\n        n += shard(h, 1) + shard(m.vocab // tp, h)  # the final "
@@ -122,6 +129,21 @@ import math
 def min_tokens(dp, flops, bandwidth):
     return math.ceil((dp - 1) / dp * flops / bandwidth)
 """, RIGHT),
+    Answer(2, "at least x: math.floor(x) + 1 (one too many when x is whole)", """
+import math
+def min_tokens(dp, flops, bandwidth):
+    return math.floor((dp - 1) / dp * flops / bandwidth) + 1
+""", "math.floor(x) + 1 is one too many when x is whole"),
+    Answer(2, "the ceiling, written another way, in numpy", """
+import numpy as np
+def min_tokens(dp, flops, bandwidth):
+    return np.ceil(flops * (1 - 1 / dp) / bandwidth)
+""", RIGHT),
+    Answer(2, "the exact ratio as a Fraction", """
+from fractions import Fraction
+def min_tokens(dp, flops, bandwidth):
+    return Fraction(dp - 1, dp) * Fraction(flops) / Fraction(bandwidth)
+""", RIGHT),
     Answer(2, "the whole parameters, not (dp-1)/dp", """
 def min_tokens(dp, flops, bandwidth):
     return flops / bandwidth
@@ -171,6 +193,16 @@ def min_tokens(dp, flops, bandwidth):
            "return None"),
     Answer(3, "powers of two only", _variant_3("for pp in range(1, 17):",
                                                "for pp in (1, 2, 4, 8, 16):"), "try every pp"),
+    Answer(3, "pipeline degrees range(1, 16): 16 never tried", _variant_3(
+        "for pp in range(1, 17):", "for pp in range(1, 16):"), "16 included"),
+    Answer(3, "stops at the first degree the layers do not split into", _variant_3(
+        "            continue\n", "            break\n"), "skip a pp that does not split"),
+    Answer(3, "the degrees from calculators.divisors-like search: only pp dividing the layers",
+           _variant_3("        layout = scale.Layout(", "        if model.layers % pp:\n"
+                      "            continue\n        layout = scale.Layout("), "gave"),
+    Answer(3, "the solution, returning a numpy integer", _variant_3(
+        "            return pp", "            import numpy as np\n            return np.int64(pp)"),
+        RIGHT),
     Answer(3, "a float", _variant_3("            return pp", "            return float(pp)"),
            "whole number of stages"),
     Answer(3, "the notebook's 405B answer for every model", """

@@ -42,6 +42,24 @@ def _traffic(old: str, new: str) -> str:
 
 ANSWERS = [
     Answer(1, "the solution", _GROUPS, RIGHT),
+    Answer(1, "the solution with numpy integers as ranks", """
+import numpy as np
+def mesh_groups(pp, dp, tp):
+    mesh = np.arange(pp * dp * tp).reshape(pp, dp, tp)
+    return {axis: [list(row) for row in np.moveaxis(mesh, i, -1).reshape(-1, mesh.shape[i])]
+            for i, axis in enumerate(("pp", "dp", "tp"))}
+""", RIGHT),
+    Answer(1, "an answer cached in a module-level dict keyed by (pp, dp): tp ignored", """
+_CACHE = {}
+def mesh_groups(pp, dp, tp):
+    if (pp, dp) not in _CACHE:
+        rank = lambda p, d, t: (p * dp + d) * tp + t
+        _CACHE[pp, dp] = {
+            "pp": [[rank(p, d, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
+            "dp": [[rank(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
+            "tp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]}
+    return _CACHE[pp, dp]
+""", "key what you keep by (pp, dp, tp)"),
     Answer(1, "the 2-D answer: dp groups across the whole pipeline", variant(_GROUPS, (
         _DP + " for p in range(pp) for t in range(tp)]",
         '"dp": [[r for r in range(pp * dp * tp) if r % tp == t] for t in range(tp)]')),

@@ -103,6 +103,35 @@ def find_straggler(times):
 def find_straggler(times):
     return max(times, key=lambda r: times[r][0][0])
 """, "not"),
+    Answer(2, "the first step dropped (the warm-up), then the largest mean before", """
+def find_straggler(times):
+    return max(times, key=lambda r: sum(b for b, _ in times[r][1:]) / (len(times[r]) - 1))
+""", "a bad step can come anywhere"),
+    Answer(2, "the last step alone: the freshest measurement", """
+def find_straggler(times):
+    return max(times, key=lambda r: times[r][-1][0])
+""", "had one bad step"),
+    Answer(2, "the shortest median step time: it waits for no one", """
+import statistics
+
+def find_straggler(times):
+    return min(times, key=lambda r: statistics.median(b + i for b, i in times[r]))
+""", "the step times are all about alike"),
+    Answer(2, "also right: the most steps slowest before the collective, numpy's argmax", """
+import numpy as np
+
+def find_straggler(times):
+    ranks = sorted(times)
+    before = np.array([[b for b, _ in times[r]] for r in ranks])  # ranks x steps
+    slowest = np.bincount(before.argmax(axis=0), minlength=len(ranks))
+    return ranks[int(np.argmax(slowest))]
+""", RIGHT),
+    Answer(2, "also right, as a numpy integer: the largest median before", """
+import numpy as np
+
+def find_straggler(times):
+    return np.argmax([np.median([b for b, _ in times[r]]) for r in sorted(times)])
+""", RIGHT),
     Answer(2, "the rank as a string", """
 import statistics
 
