@@ -25,6 +25,7 @@ from distlab.calculators import (
     ring_steps,
     step_time,
 )
+from distlab.calculators.models import stage_layers
 from distlab.calculators.steptime import H100_PEAK, MATMUL_EFFICIENCY
 
 NVLINK, NET = "NVLink 4 (H100 SXM)", "InfiniBand NDR (400 Gb/s)"
@@ -84,12 +85,41 @@ def test_mfu_by_the_paper_counts_causal_attention_and_6n_does_not():
     t = step_time("Llama-3 405B", **PAPER_16K, schedule="Interleaved1F1B", v=2)
     m = PRESETS["Llama-3 405B"]
     six_n = 6 * m.parameters()
-    attention = 6 * m.layers * 8192 * m.hidden / 2
+    attention = 6 * m.layers * 8192 * m.hidden  # causal: half of PaLM's 12 L s d
     assert t.tokens == 128 * 16 * 8192
     assert t.mfu_6n == pytest.approx(six_n * t.tokens / (t.seconds * 16384 * H100_PEAK))
     assert t.mfu / t.mfu_6n == pytest.approx((six_n + attention) / six_n, rel=1e-12)
     assert t.tflops_per_gpu == pytest.approx(t.mfu * 989)
     assert t.hfu >= t.mfu  # the GPUs also run attention's larger backward
+
+
+def test_mfu_counts_the_attention_the_step_is_timed_for():
+    # the attention the compute term times, found from the time alone: slowing attention's
+    # kernels by 2x adds its forward and FlashAttention's 2.5x backward once more
+    m = PRESETS["Llama-3 8B"]
+    for s, layout in ((8192, dict(tp=8, dp=4)), (131072, dict(tp=8, cp=16, pp=4, dp=2))):
+        fast, slow = (step_time(m, seq_len=s, **layout, attention_efficiency=e,
+                                matmul_efficiency=0.5, memory_bound="none") for e in (0.5, 0.25))
+        layers = max(len(r) for r in stage_layers(m.layers, layout.get("pp", 1)))
+        timed = (slow.terms[0].seconds - fast.terms[0].seconds) * 0.5 * H100_PEAK  # 2.5x + 1x
+        # forward x 3, every layer, per token of the rank's s / cp, every rank's heads
+        per_token = timed / 3.5 * 3 * m.layers / layers / (s / layout.get("cp", 1)) * 8
+        assert fast.flops_model - fast.flops_6n == pytest.approx(per_token, rel=1e-9)
+        assert per_token == pytest.approx(6 * m.layers * s * m.hidden, rel=1e-12)
+        assert fast.mfu_full_square - fast.mfu_6n == pytest.approx(
+            2 * (fast.mfu - fast.mfu_6n), rel=1e-9)
+
+
+def test_selective_recomputation_runs_attentions_forward_again():
+    m = PRESETS["Llama-3 8B"]
+    s, eff = 8192, 0.5
+    none, sel = (step_time(m, seq_len=s, matmul_efficiency=eff, memory_bound="none",
+                           checkpointing=c) for c in ("none", "selective"))
+    attention_fwd = 2 * s * s * m.hidden * m.layers  # one sequence: 4 s^2 d per layer, halved
+    assert sel.terms[0].seconds - none.terms[0].seconds == pytest.approx(
+        attention_fwd / (H100_PEAK * eff), rel=1e-9)
+    assert sel.hfu * sel.seconds > none.hfu * none.seconds  # the GPUs run more FLOPs
+    assert sel.mfu * sel.seconds == pytest.approx(none.mfu * none.seconds)  # the model's same
 
 
 def _tp_term(t):

@@ -75,10 +75,18 @@ the optimizer).
 
 MFU: FLOPs of the model per token x tokens per step / (step time x GPUs x peak).
 ``mfu_6n`` counts 6 N per token (N: every parameter, embeddings included; no attention).
-``mfu`` counts 6 N plus causal attention, forward x 3 (6 L s d per token): the Llama 3 paper
-reports TFLOPs per GPU / peak (Table 4: 430 / 989 = 43%) without writing its FLOP count; we
-assume the PaLM paper's (Appendix B: 6 N + attention) with the causal half, and say so. At 8K
-tokens attention is 4% of 405B's FLOPs, at 128K 67%: the definition matters there.
+``mfu`` counts 6 N plus causal attention, `attention_flops`: 6 L s d per token (L layers, s the
+sequence, d the model width), the very FLOPs the compute term times (its forward, 2 L s d, with
+a backward of twice the forward, as 6 N counts a matmul). The convention is PaLM's (arXiv
+2204.02311, Appendix B: 6 N + 12 L H Q T, with H Q = d and T = s) with the causal mask's half
+left out, because FlashAttention skips the masked blocks and the time counts what runs. PaLM
+writes the full square, and so does torchtitan (`get_dense_model_nparams_and_flops`,
+torchtitan/models/utils.py: "6 * n_layers * n_heads * head_dims * seq_len" with head_dims the
+sum of q and v's, i.e. 12 L s d: "we follow the convention and do not account for sparsity in
+causal attention"); the Llama 3 paper reports TFLOPs per GPU / peak (Table 4: 430 / 989 = 43%)
+without writing its count. ``mfu_full_square`` is the same step by PaLM's and torchtitan's
+count. At 8K tokens causal attention is 4% of 405B's model FLOPs, at 128K 40% (8% and 57% by
+the full square): the definition matters there.
 ``hfu`` counts what the GPU runs: recomputation and attention's 2.5x backward included.
 
 Knows nothing about memory (`memory_estimate`) or drawing.
@@ -96,7 +104,7 @@ from .models import Transformer, get_model, stage_layers
 from .pipeline import SCHEDULES
 
 __all__ = ["CHECKPOINTING", "H100_HBM", "H100_HBM2E", "H100_PEAK", "MAMF_H100", "MATMUL_EFFICIENCY",
-           "MEMORY_BOUND", "StepTime", "Term", "bubble", "step_time"]
+           "MEMORY_BOUND", "StepTime", "Term", "attention_flops", "bubble", "step_time"]
 
 H100_PEAK = 989e12  #: H100 SXM dense bf16 FLOP/s (NVIDIA datasheet: 1,979 with sparsity)
 MAMF_H100 = 792.1e12  #: measured: stas00/ml-engineering, MAMF table, H100 SXM, bf16, CUDA 12.1
@@ -116,6 +124,18 @@ _RECOMPUTE = {  # (share of the matmuls' forward, of attention's forward) run ag
     "none": (0, 0), "op-selective": (0, 0), "op-selective-alternate": (Fraction(1, 2), 0),
     "selective": (0, 1), "full": (1, 1),
 }
+
+
+def attention_flops(model, seq_len) -> float:
+    """Causal self-attention's model FLOPs per token of a ``seq_len``-token sequence, forward and
+    backward: 6 L s d (``model``: a `Transformer` or a preset's name). Forward: per layer, two
+    matmuls (scores, then values) of 2 s d FLOPs per query token over all heads, halved for the
+    causal mask: 2 s d; backward counted as twice the forward, as 6 N counts a matmul
+    (FlashAttention's real backward, 2.5x, is in ``hfu``, not here). PaLM's count (Appendix B)
+    and torchtitan's without the masked half (see the module)."""
+    m = get_model(model)
+    hd = m.hidden // m.heads
+    return 3 * m.layers * (4 * seq_len * hd * m.heads / 2)
 
 
 def bubble(p, m, v=1, schedule="1F1B") -> Fraction:
@@ -176,6 +196,12 @@ class StepTime(Printed):
     def mfu_6n(self) -> float:
         """Model FLOPs utilisation by 6 N per token (no attention)."""
         return self._util(self.flops_6n * self.tokens)
+
+    @property
+    def mfu_full_square(self) -> float:
+        """MFU by PaLM's and torchtitan's count: attention's full square, the causal mask not
+        halved (12 L s d per token, twice ``mfu``'s attention)."""
+        return self._util((2 * self.flops_model - self.flops_6n) * self.tokens)
 
     @property
     def hfu(self) -> float:
@@ -330,7 +356,8 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
     dpl = slow if dp_link is None else _link(dp_link, bandwidth)
     hd, s_q = m.hidden // m.heads, micro_batch * seq_len // cp
     matmul_f = 2 * (m.layer_parameters(tp)[0] - 2 * m.hidden) * s_q  # one layer, forward
-    attn_f = 4 * s_q * seq_len * hd * (m.heads // tp) / 2  # causal: half the blocks
+    attn_tok = attention_flops(m, seq_len)  # per token, forward and backward, all layers
+    attn_f = attn_tok / (3 * m.layers) * s_q / tp  # one layer's forward, this rank's heads
     out_f = 2 * m.hidden * -(-m.vocab // tp) * s_q
     matmul_s, attn_s = peak_flops * matmul_efficiency, peak_flops * attention_efficiency
     re_mm, re_at = _RECOMPUTE[checkpointing]
@@ -407,7 +434,6 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
         step += exposed
     gpus = tp * cp * pp * dp
     tokens = dp * mbs * micro_batch * seq_len
-    attn_tok = 6 * m.layers * seq_len * m.heads * hd / 2  # causal, forward x 3, per token
     flops_6n = 6 * m.parameters()
     # what the GPUs run: 6N plus the recomputed forward share (2N each), attention's forward,
     # its 2.5x backward and its recomputation
