@@ -138,6 +138,39 @@ def test_exposed_tp_time_grows_when_the_link_is_slower():
     assert _tp_term(hidden).exposed == 0 and hidden.mfu > a.mfu
 
 
+def test_pipeline_sends_are_hidden_stage_by_stage():
+    # each of a rank's v stages sends twice a microbatch (output forward, gradient backward),
+    # each hidden behind that stage's own compute: on a slow network the exposed part is the
+    # sends' total less the rank's compute, whatever v (all 2v sends against one stage's compute
+    # exposed 2v sends less compute / v, more for every extra stage)
+    for v in (1, 2, 4):
+        layout = dict(PAPER_16K, schedule="Interleaved1F1B" if v > 1 else "1F1B", v=v)
+        crawl = Link("crawl", 1e-5, 1 / 2e8)
+        t = step_time("Llama-3 405B", **layout, network=crawl, bandwidth="peak",
+                      memory_bound="none")
+        pp = next(term for term in t.terms if term.what.startswith("PP"))
+        act = 8192 * PRESETS["Llama-3 405B"].hidden * 2 // 8
+        one = collective_time("send", act, 2, crawl).seconds
+        assert pp.seconds == pytest.approx(2 * v * one, rel=1e-12)
+        assert pp.exposed == pytest.approx(2 * v * one - t.terms[0].seconds, rel=1e-9)
+        fast = step_time("Llama-3 405B", **layout, memory_bound="none")
+        assert next(x for x in fast.terms if x.what.startswith("PP")).exposed == 0
+
+
+def test_sustained_slows_every_kernel_alike_and_no_link():
+    layout = dict(tp=8, dp=16, seq_len=8192)
+    full, half = (step_time("Llama-3 70B", **layout, sustained=x) for x in (1.0, 0.5))
+    by = {t.what: t for t in full.terms}
+    for t in half.terms:  # kernels take twice as long; collectives as long as before
+        ratio = t.seconds / by[t.what].seconds
+        expected = 1 if t.what.startswith(("TP", "FSDP gather")) else 2
+        assert ratio == pytest.approx(expected, rel=1e-12), t.what
+    assert "sustained" in half.terms[0].how and "sustained" in " ".join(half.assumptions)
+    for bad in (0, 1.2, -0.5):
+        with pytest.raises(CalculatorError, match="sustained"):
+            step_time("Llama-3 70B", **layout, sustained=bad)
+
+
 def test_measured_bandwidth_is_used_when_asked_and_says_so():
     nv = LINKS[NVLINK]
     assert nv.bandwidth == 450e9 and nv.measured().bandwidth == 360e9
