@@ -46,6 +46,10 @@ GiB = 1024**3
 CONFIG = Transformer("bench 1.5B", vocab=128256, hidden=2048, intermediate=8192, layers=16,
                      heads=32, kv_heads=8)
 SEQ_LEN, MICRO_BATCH = 4096, 2
+#: The last measurement (README, "Last run on a GPU"): one NVIDIA H200, torch 2.11.0+cu130,
+#: 2026-11-27; bench/steptime_accuracy.py sets the package's predictions against it.
+MEASURED = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "date": "2026-11-27",
+            "seconds": 0.197, "peak_allocated_gib": 42.46}
 
 
 def _one_gpu_group() -> None:
