@@ -86,3 +86,33 @@ def test_validation_rows_never_move_the_calibration(reports):
     assert n == len(val_lines) >= 8
     assert median == statistics.median(abs(x.time_err) for x in val_lines)
     assert worst == max(abs(x.time_err) for x in val_lines)
+
+
+@pytest.mark.timeout(600)
+def test_what_the_table_gets_right_and_where_it_is_off(reports):
+    out = _table(reports)
+    lines = {x.run.name: x for x in out["lines"]}
+    # memory: within 5% at the median over the rows run as modelled and over every row
+    assert out["stats"]["memory"][0] <= bench.MEMORY_BAND
+    assert out["stats"]["memory, all rows but the calibration"][0] <= bench.MEMORY_BAND
+    # time: the eager row it was not calibrated on, and the paper's rows at the 700 W share
+    # taken from the course's own H200 step, within 11%
+    assert abs(lines["T3 8B FSDP 128"].time_err) < 0.05
+    for name in [n for n in lines if n.startswith("Table 4")]:
+        assert abs(lines[name].time_err) < 0.11, name
+        low, high = lines[name].ranges["time"]
+        assert low <= lines[name].time_err <= high  # the point estimate inside its range
+    # where it is off, it is off one way: faster than measured with compile (its fused count
+    # is more than torchtitan's compile won) and most with async TP (taken as fully hidden)
+    for name, x in lines.items():
+        if x.run.modelled and "compile" in x.run.marks:
+            assert x.time_err < -0.1, name
+    assert lines["8B FSDP 8 x TP 8, bf16 + async TP"].time_err < lines[
+        "8B FSDP 8 x TP 8, bf16"].time_err
+    median, worst, n = out["stats"]["time"]
+    assert bench.TIME_BAND < median < 0.15 and worst < 0.45  # the band is not met (yet)
+    # the numbers notebook 25 quotes: the shares, and compile's gain measured and predicted
+    assert [round(out["sustained"][p], 2) for p in ("500 W", "700 W")] == [0.69, 0.73]
+    eager, compiled = lines["T1 8B FSDP 8"], lines["T1 8B FSDP 8 + compile"]
+    assert round(100 * (compiled.run.tps / eager.run.tps - 1)) == 16
+    assert round(100 * (eager.t.seconds / compiled.t.seconds - 1)) == 38
