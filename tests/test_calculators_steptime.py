@@ -264,7 +264,7 @@ def test_the_bench_rows_stay_where_the_note_says():
 
 
 @pytest.mark.timeout(300)
-def test_the_unpublished_inputs_span_the_papers_rows_but_the_8k_gpu_one():
+def test_the_unpublished_inputs_span_the_16k_gpu_8k_row_and_come_closest_at_v2_eager():
     bench = _bench()
     layouts = {name: layout for name, layout, _, _ in bench.PAPER}
     reports = dict(zip(layouts, _simulate_each([
@@ -282,9 +282,10 @@ def test_the_unpublished_inputs_span_the_papers_rows_but_the_8k_gpu_one():
         mfus = [100 * t.mfu for t in cells.values()]
         inside = min(mfus) <= measured <= max(mfus)
         # the 8K-GPU row lies below every pairing: the model's 8K and 16K rows differ by 4-9
-        # points where the paper's differ by 2
-        assert inside == (name != "8,192 GPUs, 8K"), name
-    assert bench.closest(rows)[0] == (4, "eager") and 5 < bench.closest(rows)[1] < 6
+        # points where the paper's differ by 2; the 128K row just below (38.5% at v=2 eager,
+        # with causal attention counted once: `attention_flops`)
+        assert inside == (name == "16,384 GPUs, 8K"), name
+    assert bench.closest(rows)[0] == (2, "eager") and 3 < bench.closest(rows)[1] < 4.5
 
 
 @pytest.mark.timeout(300)
