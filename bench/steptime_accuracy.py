@@ -316,7 +316,7 @@ def main() -> None:
             rng = f"{_pct(rng[0])}..{_pct(rng[1]).strip()}" if rng else ""
             mem = x.memory
             marks = ", ".join(x.run.marks) or "bf16"
-            print(f"  {x.run.name:<40}{marks + '; ' + x.run.time['memory_bound']:<33}"
+            print(f"  {x.run.name:<40}{marks + '; ' + x.run.time.get('memory_bound', 'fused'):<33}"
                   f"{x.t.seconds:9.3f}{measured_seconds(x.run, x.t):9.3f}"
                   f"{_pct(x.time_err):>9}{rng:>18}"
                   + (f"{mem[0]:10.1f}{mem[1]:10.1f}{_pct(x.memory_err):>9}" if mem else
