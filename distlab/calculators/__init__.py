@@ -42,6 +42,7 @@ from .steptime import (
     MATMUL_EFFICIENCY,
     StepTime,
     Term,
+    attention_flops,
     bubble,
     step_time,
 )
@@ -53,5 +54,5 @@ __all__ = [
     "Transformer", "collective_time", "fit_path", "load_fit", "memory_per_device",
     "pipeline_schedule", "ring_steps", "save_fit", "stage_layers", "step_comm",
     "H100_HBM", "H100_HBM2E", "H100_PEAK", "MAMF_H100", "MATMUL_EFFICIENCY", "StepTime", "Term",
-    "bubble", "step_time",
+    "attention_flops", "bubble", "step_time",
 ]

@@ -47,6 +47,12 @@ Compute, per microbatch, on the slowest pipeline stage (`models.stage_layers`):
   (scaled to the slowest stage's layers) and ``report.optimizer_moved`` per step
   (`distlab.scale.instruments.moved_bytes`); needs ``report``. "none": not timed.
 
+Sustained: the rates above are each kernel's own, timed alone. A training job sustains less
+(power caps, SMs shared with NCCL, launch gaps, kernels below the HBM's peak): ``sustained``, one
+share applied to the matmuls', attention's and the memory-bound kernels' rates alike (default 1,
+none lost), taken from measured runs by `bench/steptime_accuracy.py` (its calibration rows
+declared there, every other row validation).
+
 Communication: each collective's time is `comm.collective_time` (alpha-beta, ring) over a link,
 at the bandwidth NCCL measures (``bandwidth="measured"``, `Link.measured`) or the link's peak
 (``"peak"``). nccl-tests' busbw is defined so that a ring's time is (N-1)/N S / busbw, the
@@ -57,8 +63,9 @@ bandwidth term of `comm`: the two plug together. With sequence parallelism:
 - CP (the network): per layer an all-gather of K and V forward, a reduce-scatter of their
   gradients backward (Llama 3's all-gather context parallelism): **exposed**.
 - PP (the network): one send of a stage's output forward and of its gradient backward per
-  microbatch and stage, 1/tp of the activations each (Megatron's scatter-gather with SP):
-  **hidden** behind the next microbatch's compute; the excess over one stage's forward exposed.
+  microbatch and stage (2 v a microbatch with v stages per rank), 1/tp of the activations each
+  (Megatron's scatter-gather with SP): **hidden** behind the next microbatch's compute; the
+  excess of each send over that stage's forward (backward) exposed.
 - DP (FSDP, the network or ``dp_link``): the stage's bf16 parameters all-gathered once per
   step with PP (kept for every microbatch; without PP, again in every microbatch's forward and
   backward) and its gradients reduce-scattered once, in fp32 (``grad_bytes=4``, as Llama 3
@@ -75,10 +82,18 @@ the optimizer).
 
 MFU: FLOPs of the model per token x tokens per step / (step time x GPUs x peak).
 ``mfu_6n`` counts 6 N per token (N: every parameter, embeddings included; no attention).
-``mfu`` counts 6 N plus causal attention, forward x 3 (6 L s d per token): the Llama 3 paper
-reports TFLOPs per GPU / peak (Table 4: 430 / 989 = 43%) without writing its FLOP count; we
-assume the PaLM paper's (Appendix B: 6 N + attention) with the causal half, and say so. At 8K
-tokens attention is 4% of 405B's FLOPs, at 128K 67%: the definition matters there.
+``mfu`` counts 6 N plus causal attention, `attention_flops`: 6 L s d per token (L layers, s the
+sequence, d the model width), the very FLOPs the compute term times (its forward, 2 L s d, with
+a backward of twice the forward, as 6 N counts a matmul). The convention is PaLM's (arXiv
+2204.02311, Appendix B: 6 N + 12 L H Q T, with H Q = d and T = s) with the causal mask's half
+left out, because FlashAttention skips the masked blocks and the time counts what runs. PaLM
+writes the full square, and so does torchtitan (`get_dense_model_nparams_and_flops`,
+torchtitan/models/utils.py: "6 * n_layers * n_heads * head_dims * seq_len" with head_dims the
+sum of q and v's, i.e. 12 L s d: "we follow the convention and do not account for sparsity in
+causal attention"); the Llama 3 paper reports TFLOPs per GPU / peak (Table 4: 430 / 989 = 43%)
+without writing its count. ``mfu_full_square`` is the same step by PaLM's and torchtitan's
+count. At 8K tokens causal attention is 4% of 405B's model FLOPs, at 128K 40% (8% and 57% by
+the full square): the definition matters there.
 ``hfu`` counts what the GPU runs: recomputation and attention's 2.5x backward included.
 
 Knows nothing about memory (`memory_estimate`) or drawing.
@@ -96,7 +111,7 @@ from .models import Transformer, get_model, stage_layers
 from .pipeline import SCHEDULES
 
 __all__ = ["CHECKPOINTING", "H100_HBM", "H100_HBM2E", "H100_PEAK", "MAMF_H100", "MATMUL_EFFICIENCY",
-           "MEMORY_BOUND", "StepTime", "Term", "bubble", "step_time"]
+           "MEMORY_BOUND", "StepTime", "Term", "attention_flops", "bubble", "step_time"]
 
 H100_PEAK = 989e12  #: H100 SXM dense bf16 FLOP/s (NVIDIA datasheet: 1,979 with sparsity)
 MAMF_H100 = 792.1e12  #: measured: stas00/ml-engineering, MAMF table, H100 SXM, bf16, CUDA 12.1
@@ -116,6 +131,18 @@ _RECOMPUTE = {  # (share of the matmuls' forward, of attention's forward) run ag
     "none": (0, 0), "op-selective": (0, 0), "op-selective-alternate": (Fraction(1, 2), 0),
     "selective": (0, 1), "full": (1, 1),
 }
+
+
+def attention_flops(model, seq_len) -> float:
+    """Causal self-attention's model FLOPs per token of a ``seq_len``-token sequence, forward and
+    backward: 6 L s d (``model``: a `Transformer` or a preset's name). Forward: per layer, two
+    matmuls (scores, then values) of 2 s d FLOPs per query token over all heads, halved for the
+    causal mask: 2 s d; backward counted as twice the forward, as 6 N counts a matmul
+    (FlashAttention's real backward, 2.5x, is in ``hfu``, not here). PaLM's count (Appendix B)
+    and torchtitan's without the masked half (see the module)."""
+    m = get_model(model)
+    hd = m.hidden // m.heads
+    return 3 * m.layers * (4 * seq_len * hd * m.heads / 2)
 
 
 def bubble(p, m, v=1, schedule="1F1B") -> Fraction:
@@ -176,6 +203,12 @@ class StepTime(Printed):
     def mfu_6n(self) -> float:
         """Model FLOPs utilisation by 6 N per token (no attention)."""
         return self._util(self.flops_6n * self.tokens)
+
+    @property
+    def mfu_full_square(self) -> float:
+        """MFU by PaLM's and torchtitan's count: attention's full square, the causal mask not
+        halved (12 L s d per token, twice ``mfu``'s attention)."""
+        return self._util((2 * self.flops_model - self.flops_6n) * self.tokens)
 
     @property
     def hfu(self) -> float:
@@ -260,7 +293,7 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
               peak_flops=H100_PEAK, bandwidth="measured", nvlink="NVLink 4 (H100 SXM)",
               network="InfiniBand NDR (400 Gb/s)", dp_link=None, async_tp=False,
               grad_bytes=4, memory_bound="fused", hbm_bandwidth=H100_HBM,
-              report=None) -> StepTime:
+              report=None, sustained=1.0) -> StepTime:
     """Predict one training step's time and MFU (the module says how).
 
     Args:
@@ -289,6 +322,15 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
         report: optional `distlab.scale.RankReport`: its recorded TP and CP collectives are
             timed instead of the formulas, and with ``memory_bound="eager"`` the bytes its
             memory-bound ops moved.
+        sustained: the share of each kernel's own rate that a training job sustains (default
+            1: nothing lost): the matmuls' and attention's FLOP/s and the memory-bound kernels'
+            bytes/s are all multiplied by it. What a job loses that a kernel timed alone does
+            not: power (torchtitan's H100s ran at 500 W; MAMF is measured at 700 W), SMs shared
+            with NCCL's kernels while collectives overlap, clocks lowered under heat, launch
+            gaps and synchronisation between kernels, kernels below the HBM's peak. Not the
+            links (their NCCL-measured busbw is already sustained). Taken from measured runs:
+            `bench/steptime_accuracy.py` declares its calibration rows and checks the value on
+            the others.
 
     Returns:
         A `StepTime`.
@@ -298,7 +340,8 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
             checkpointing or bandwidth; v that does not fit the schedule; a model that is not a
             dense `Transformer` (MoE is not modelled); an efficiency outside (0, 1]; a link with
             no measured bandwidth when "measured" is asked (give ``bandwidth="peak"``);
-            ``memory_bound="eager"`` without a ``report``; ``hbm_bandwidth`` not above 0.
+            ``memory_bound="eager"`` without a ``report``; ``hbm_bandwidth`` not above 0;
+            ``sustained`` outside (0, 1].
     """
     m = get_model(model)
     if not isinstance(m, Transformer) or m.experts > 1:
@@ -320,7 +363,7 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
                               "(3.35e12 for an H100 SXM)")
     attention_efficiency = attention_efficiency or matmul_efficiency
     for name, value in (("matmul_efficiency", matmul_efficiency),
-                        ("attention_efficiency", attention_efficiency)):
+                        ("attention_efficiency", attention_efficiency), ("sustained", sustained)):
         if not 0 < value <= 1:
             raise CalculatorError(f"{name}={value!r}: a share of the peak, in (0, 1] (0.80 is "
                                   "80%)")
@@ -330,9 +373,12 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
     dpl = slow if dp_link is None else _link(dp_link, bandwidth)
     hd, s_q = m.hidden // m.heads, micro_batch * seq_len // cp
     matmul_f = 2 * (m.layer_parameters(tp)[0] - 2 * m.hidden) * s_q  # one layer, forward
-    attn_f = 4 * s_q * seq_len * hd * (m.heads // tp) / 2  # causal: half the blocks
+    attn_tok = attention_flops(m, seq_len)  # per token, forward and backward, all layers
+    attn_f = attn_tok / (3 * m.layers) * s_q / tp  # one layer's forward, this rank's heads
     out_f = 2 * m.hidden * -(-m.vocab // tp) * s_q
-    matmul_s, attn_s = peak_flops * matmul_efficiency, peak_flops * attention_efficiency
+    matmul_s = peak_flops * matmul_efficiency * sustained
+    attn_s = peak_flops * attention_efficiency * sustained
+    hbm = hbm_bandwidth * sustained  # what the memory-bound kernels sustain in the job
     re_mm, re_at = _RECOMPUTE[checkpointing]
     layer_fwd = matmul_f / matmul_s + attn_f / attn_s
     layer_bwd = ((2 + float(re_mm)) * matmul_f / matmul_s
@@ -345,7 +391,8 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
     compute = stage_s[slowest]
     terms = [Term(f"compute, {layers} layers", compute, compute,
                   f"matmuls at {matmul_efficiency:.0%} of peak, attention at "
-                  f"{attention_efficiency:.0%}, recompute '{checkpointing}'")]
+                  f"{attention_efficiency:.0%}, recompute '{checkpointing}'"
+                  + (f", x {sustained:.2f} sustained" if sustained != 1 else ""))]
 
     act = s_q * m.hidden * 2  # one microbatch's bf16 activations, whole sequence shard
     redo = 1 if checkpointing == "full" else 0
@@ -371,24 +418,30 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
         terms.append(Term("CP all-gather of K/V, reduce-scatter", cp_time, cp_time,
                           f"exposed, on {slow.name}"))
     if pp > 1:
-        send = collective_time("send", act // tp, 2, slow).seconds * 2 * v
-        window = compute / v
-        terms.append(Term("PP sends, forward and backward", send, max(0.0, send - window),
+        # each of the rank's v stages sends its output forward and its input's gradient
+        # backward once per microbatch; a stage's send hides behind that stage's next forward
+        # (backward): per stage, like against like
+        one = collective_time("send", act // tp, 2, slow).seconds
+        fwd = (layers * layer_fwd + (out_f / matmul_s if slowest == pp - 1 else 0)) / v
+        bwd = (compute - v * fwd) / v
+        send = 2 * v * one
+        terms.append(Term("PP sends, forward and backward", send,
+                          v * (max(0.0, one - fwd) + max(0.0, one - bwd)),
                           f"hidden behind the next microbatch, on {slow.name}"))
     if memory_bound != "none":  # per microbatch on the critical path; per step apart
         moved, per_step, how = _memory_bound_bytes(
             m, memory_bound, report, layers=layers, tp=tp, tokens=s_q, pp=pp, dp=dp, mbs=mbs,
             last=slowest == pp - 1, checkpointing=checkpointing, grad_bytes=grad_bytes)
-        kernels = moved / hbm_bandwidth
+        kernels = moved / hbm
         terms.append(Term("memory-bound kernels", kernels, kernels,
-                          f"{how}, at {hbm_bandwidth / 1e12:.2f} TB/s"))
+                          f"{how}, at {hbm / 1e12:.2f} TB/s"))
     busy = sum(t.exposed for t in terms)
     step = mbs * busy / float(1 - idle)
     if memory_bound != "none" and per_step:
-        t_step = per_step / hbm_bandwidth
+        t_step = per_step / hbm
         terms.append(Term("optimizer step" if memory_bound == "eager" else
                           "FSDP copies, optimizer step", t_step, t_step,
-                          f"memory-bound, at {hbm_bandwidth / 1e12:.2f} TB/s", per="step"))
+                          f"memory-bound, at {hbm / 1e12:.2f} TB/s", per="step"))
         step += t_step
     if dp > 1:
         params = m.layer_parameters(tp)[0]  # one layer's, gathered and reduced layer by layer
@@ -407,7 +460,6 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
         step += exposed
     gpus = tp * cp * pp * dp
     tokens = dp * mbs * micro_batch * seq_len
-    attn_tok = 6 * m.layers * seq_len * m.heads * hd / 2  # causal, forward x 3, per token
     flops_6n = 6 * m.parameters()
     # what the GPUs run: 6N plus the recomputed forward share (2N each), attention's forward,
     # its 2.5x backward and its recomputation
@@ -416,12 +468,14 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
         f", {schedule}" + (f" v={v}" if v > 1 else "") if pp > 1 else "")
     assumptions = (
         f"matmuls at {matmul_efficiency:.1%} of {peak_flops / 1e12:.0f} TFLOP/s",
+        *((f"kernels at {sustained:.1%} of their own rate (sustained in the job)",)
+          if sustained != 1 else ()),
         f"links at their {'NCCL-measured busbw' if bandwidth == 'measured' else 'peak'} "
         f"({fast.bandwidth / 1e9:.0f} and {slow.bandwidth / 1e9:.0f} GB/s)",
         f"recomputation '{checkpointing}'",
         f"bubble {idle} of the wall time",
         "memory-bound kernels not timed" if memory_bound == "none" else
-        f"memory-bound kernels {memory_bound} at {hbm_bandwidth / 1e12:.2f} TB/s",
+        f"memory-bound kernels {memory_bound} at {hbm / 1e12:.2f} TB/s",
     )
     return StepTime(m, layout, mbs, tuple(terms), idle, step, tokens, gpus, peak_flops,
                     flops_6n, flops_6n + attn_tok, hardware, assumptions)
