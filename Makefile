@@ -193,8 +193,9 @@ test-torch:
 # course machine 2.14.1 installs from its disk in seconds; elsewhere it is a download like
 # `make setup`'s. `make test PREVIOUS_TORCH=` skips it.
 PREVIOUS_TORCH ?= 2.14.1
-PREVIOUS_TESTS := tests/test_torch.py tests/test_torch_simulation.py $(wildcard tests/test_scale*.py) \
-  tests/test_memory_vs_torchtitan.py tests/test_calculators_measured.py
+PREVIOUS_TESTS := tests/test_torch.py tests/test_torch_simulation.py tests/test_scale.py \
+  tests/test_scale_pipeline.py tests/test_scale_planted.py tests/test_scale_vs_real.py \
+  tests/test_scale_moved.py
 PREVIOUS_NOTEBOOKS := notebooks/25_at_scale_on_a_laptop.ipynb notebooks/26_three_d_mesh.ipynb
 test-previous:
 	@if [ -z "$(PREVIOUS_TORCH)" ]; then echo "PREVIOUS_TORCH is empty: skipped"; exit 0; fi; \
