@@ -113,7 +113,7 @@ def predictions(layout) -> dict:
     try:
         from distlab.calculators import memory_per_device
 
-        est = memory_per_device(CONFIG, dp=1, zero=3, seq_len=SEQ_LEN, micro_batch=MICRO_BATCH)
+        est = memory_per_device(CONFIG, layout)  # the layout the GPU ran, as simulated
         out["calculator"] = est.peak
     except Exception as e:
         out["calculator"] = f"n/a ({type(e).__name__}: {e})"[:90]
@@ -121,8 +121,7 @@ def predictions(layout) -> dict:
         from distlab.calculators import step_time
 
         # the step runs in eager PyTorch: its memory-bound kernels are the simulated rank's ops
-        st = step_time(CONFIG, seq_len=SEQ_LEN, micro_batch=MICRO_BATCH, microbatches=1,
-                       memory_bound="eager", report=report)
+        st = step_time(CONFIG, layout, memory_bound="eager", report=report)
         out["step_time"] = st.seconds
     except Exception as e:
         out["step_time"] = f"n/a ({type(e).__name__}: {e})"[:90]
