@@ -24,18 +24,19 @@ size h, a heads and tensor-parallel size t:
     full recomputation (keep each layer's input):     2 sbh          (2 sbh / t with SP: the
                                                                       input is sharded with it)
 
-and a fourth mode, "op-selective" (torchtitan's kind, not in the paper): keep the outputs of
-matmuls, attention and collectives, recompute the rest (`activations.llama_terms` lists them).
+and, not in the paper, torchtitan's op-level modes: "op-selective" (keep the outputs of matmuls,
+attention and collectives, recompute the rest) and "op-selective-alternate" (every other
+matmul's output kept): five modes in all (`layout.CHECKPOINTING`; `activation_terms.llama_terms`
+lists what each keeps).
 
 Adaptations, all ours: context parallelism (cp) keeps s/cp tokens per device, so s becomes s/cp
 throughout (ring attention works block by block). A mixture of experts sends each token through
 top_k experts, so the MLP's share (19 of the 34: 3 unsplit, 16 split) counts top_k times.
-Pipeline parallelism runs 1F1B, so stage r holds min(pp - r, microbatches) microbatches of its
-layers at once: the first stage (reported unless ``stage`` says otherwise) holds pp of them, as
-the paper counts it. The paper counts a GPT
-layer (2-byte activations, 1-byte dropout masks, a 4h GELU MLP); we keep its count for Llama's
-SwiGLU MLP and grouped-query attention, and double it for fp32. The embedding and output
-layer's activations (the logits) and one recomputed layer in the backward are not counted.
+With 1F1B, stage r holds min(pp - r, microbatches) microbatches of its layers at once: the first
+stage (reported unless ``stage`` says otherwise) holds pp of them, as the paper counts it. The
+paper counts a GPT layer (2-byte activations, 1-byte dropout masks, a 4h GELU MLP); for a Llama
+architecture `activation_terms` counts each tensor PyTorch keeps instead, the output layer's
+logits and the loss's copies included (below).
 
 What a real run holds beyond those, each counted in ``peak`` and each a named choice:
 
@@ -44,20 +45,21 @@ What a real run holds beyond those, each counted in ``peak`` and each a named ch
   SwiGLU); `activation_terms` lists what each keeps.
 - ``loss``: "upcast" (torchtitan's ``cross_entropy(pred.flatten(0, 1).float(), ...)``: the
   default) or "fused" (a chunked or fused cross-entropy); `activation_terms.loss_transient`.
-- ``grad_sync``: with pipelining, `torch.distributed.pipelining.stage`'s
-  ``backward_maybe_with_nosync`` calls ``set_requires_gradient_sync(False)`` and
-  ``set_reshard_after_backward(False)`` on an FSDP2 stage for every microbatch but the last, so
+- ``sync_each_microbatch`` (False by default): with pipelining,
+  `torch.distributed.pipelining.stage`'s ``backward_maybe_with_nosync`` calls
+  ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` on an FSDP2
+  stage for every microbatch but the last, so
   FSDP2 accumulates each parameter's unsharded gradient, upcast to its ``reduce_dtype``
   (``FSDPParam.to_accumulated_grad_if_needed``), for the whole step: the stage's parameters x
   the gradient's bytes (4 with "bf16-fsdp2"), not divided by dp. Llama 3.1 405B at tp 8 x pp 8:
   6.24 B parameters x 4 bytes = 25.0 GB (23.2 GiB) per GPU. Plain gradient accumulation with
-  ``no_sync`` / ``set_requires_gradient_sync(False)`` does the same (``grad_sync="last
-  microbatch"``). The sharded gradients only appear with the last reduce-scatter (torchtitan
+  ``no_sync`` / ``set_requires_gradient_sync(False)`` does the same (``microbatches`` with
+  pp = 1). The sharded gradients only appear with the last reduce-scatter (torchtitan
   zeroes gradients to None each step), so the peak counts the unsharded ones instead.
 - ``schedule``: "1F1B" (stage r holds min(pp - r, microbatches) microbatches), "GPipe" (all of
   them) or "Interleaved1F1B" with ``virtual_stages`` v: rank r runs warm-up forwards of its v
-  stages as torch's ``ScheduleInterleaved1F1B`` orders them (`pipeline.pipeline_schedule`), each
-  holding 1/v of the rank's layers.
+  stages as torch's ``ScheduleInterleaved1F1B`` orders them, each holding 1/v of the rank's
+  layers; its peak is walked along that order (`interleaved`).
 
 For the course's MLPs, activations are what autograd saves: each Linear's input, plus the output
 of a final ReLU/tanh/sigmoid, per row (a row is one of micro_batch x seq_len tokens).

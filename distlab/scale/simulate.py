@@ -8,7 +8,7 @@ The pieces, each in its module: `mesh` (the device mesh and a rank's place on it
 MemTracker, DTensor's caches) is behind `distlab._torch_simulation`.
 
 Knows nothing about the calculators' formulas (it takes their model configs, from
-`calculators.models`): `compare` sets the two side by side.
+`calculators.models`, and its `Layout`): `calculator_check` sets the two side by side.
 """
 
 from __future__ import annotations
