@@ -148,7 +148,7 @@ def predictions(config, layout, seq_len, micro_batch) -> dict:
     try:
         from distlab.calculators import memory_per_device
 
-        est = memory_per_device(config, dp=1, zero=3, seq_len=seq_len, micro_batch=micro_batch)
+        est = memory_per_device(config, layout)  # the layout the GPU ran, as simulated
         out["calculator"], out["calculator reserved"] = est.peak, est.reserved
     except Exception as e:
         out["calculator"] = f"n/a ({type(e).__name__}: {e})"[:90]
@@ -156,8 +156,7 @@ def predictions(config, layout, seq_len, micro_batch) -> dict:
         from distlab.calculators import step_time
 
         # the step runs in eager PyTorch: its memory-bound kernels are the simulated rank's ops
-        st = step_time(config, seq_len=seq_len, micro_batch=micro_batch, microbatches=1,
-                       memory_bound="eager", report=report)
+        st = step_time(config, layout, memory_bound="eager", report=report)
         out["step_time"] = st.seconds
     except Exception as e:
         out["step_time"] = f"n/a ({type(e).__name__}: {e})"[:90]

@@ -29,7 +29,7 @@ UNPUBLISHED = tuple((v, kernels) for v in (2, 4, 8) for kernels in ("fused", "ea
 @dataclass(frozen=True)
 class Choices:
     schedule: str = "1F1B"
-    v: int = 1
+    virtual_stages: int = 1
     checkpointing: str = "full"
     bandwidth: str = "peak"
     matmul_efficiency: float = 0.5
@@ -37,7 +37,7 @@ class Choices:
 
 NAIVE = Choices()
 STEPS = (  # (what changes, the field, its value): one assumption at a time
-    ("schedule: interleaved 1F1B, v=2", {"schedule": "Interleaved1F1B", "v": 2}),
+    ("schedule: interleaved 1F1B, v=2", {"schedule": "Interleaved1F1B", "virtual_stages": 2}),
     ("recomputation: none (the paper's at 8K)", {"checkpointing": "none"}),
     ("links: NCCL-measured busbw, not peak", {"bandwidth": "measured"}),
     (f"matmuls: measured MAMF, {MATMUL_EFFICIENCY:.1%}",
@@ -87,7 +87,7 @@ def paper_rows():
         for what, change in STEPS:
             choices = replace(choices, **change)
             steps.append((what, choices))
-        steps.append(("(v=4 instead of 2, for scale)", replace(choices, v=4)))
+        steps.append(("(v=4 instead of 2, for scale)", replace(choices, virtual_stages=4)))
         rows.append((name, mfu, [(w, c, predict(layout, c)) for w, c in steps]))
     return rows
 
@@ -153,7 +153,7 @@ def unpublished(simulate=middle_rank):
     for name, layout, mfu, _ in PAPER:
         report = simulate(layout)
         rows.append((name, mfu, {
-            (v, kernels): predict(layout, replace(base, v=v), memory_bound=kernels,
+            (v, kernels): predict(layout, replace(base, virtual_stages=v), memory_bound=kernels,
                                   report=report if kernels == "eager" else None)
             for v, kernels in UNPUBLISHED}))
     return rows

@@ -8,6 +8,8 @@ import numbers
 import os
 import sys
 
+from .errors import InputError, InputTypeError
+
 BACKENDS = ("auto", "gloo", "nccl", "cpu:gloo,cuda:nccl", None)
 
 
@@ -114,7 +116,7 @@ def default_threads(world_size: int) -> int:
 
 
 def check_int(value, name: str, *, low: int | None = None, high: int | None = None,
-              noun: str = "an int", hint: str = "", error: type[Exception] = ValueError,
+              noun: str = "an int", hint: str = "", error: type[Exception] = InputError,
               type_error: type[Exception] | None = None, message: str | None = None) -> int:
     """``value`` as an int if it is a whole number (not a bool: ``True`` is an int to Python, never
     to a learner) from ``low`` to ``high`` (either may be None: no limit); else an error that
@@ -140,16 +142,18 @@ def check_int(value, name: str, *, low: int | None = None, high: int | None = No
 
 
 def check_world_size(world_size) -> int:
-    return check_int(world_size, "world_size", low=1, type_error=TypeError, message=(
+    return check_int(world_size, "world_size", low=1, type_error=InputTypeError, message=(
         f"world_size must be an int, at least 1 (the number of ranks to start), got "
         f"{type(world_size).__name__} {world_size!r}. Example: world_size=4."))
 
 
 def check_timeout(timeout, name: str = "timeout") -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"{name} must be a number of seconds, got {type(timeout).__name__}.")
+        raise InputTypeError(f"{name} must be a number of seconds, got "
+                             f"{type(timeout).__name__}. Example: {name}=60.")
     if not timeout > 0:
-        raise ValueError(f"{name} must be positive (seconds), got {timeout}.")
+        raise InputError(f"{name} must be positive (seconds), got {timeout}. Example: "
+                         f"{name}=60.")
     return float(timeout)
 
 
@@ -158,7 +162,7 @@ def check_callable(fn, what: str = "launch()") -> None:
         hint = ""
         if fn is None:
             hint = " Did you write launch(work()) instead of launch(work)?"
-        raise TypeError(
+        raise InputTypeError(
             f"{what} needs a function to run on every rank, got {type(fn).__name__}.{hint} "
             "Pass the function itself: distlab.launch(work, world_size=2)."
         )
@@ -174,7 +178,7 @@ def resolve_backend(backend, world_size: int) -> str | None:
     """``"auto"`` becomes NCCL (for CUDA tensors, with gloo for CPU tensors) when there is one GPU
     per rank, else gloo. ``None`` means: start the ranks without a process group."""
     if backend not in BACKENDS:
-        raise ValueError(
+        raise InputError(
             f"unknown backend {backend!r}. Choose one of: 'auto' (NCCL if every rank gets its own "
             "GPU, else gloo), 'gloo' (CPU), 'nccl' (one GPU per rank), 'cpu:gloo,cuda:nccl', or "
             "None (no process group: initialize it yourself)."
@@ -185,7 +189,7 @@ def resolve_backend(backend, world_size: int) -> str | None:
     if backend == "auto":
         return "cpu:gloo,cuda:nccl" if gpus >= world_size else "gloo"
     if gpus < world_size:
-        raise ValueError(
+        raise InputError(
             f"backend={backend!r} needs one CUDA GPU per rank: world_size={world_size} but "
             f"{gpus} GPU(s) are visible. Use backend='gloo' (runs on CPU) or "
             f"world_size<={gpus}." if gpus else
@@ -207,10 +211,10 @@ def check_start_method(method) -> str:
         if os.environ.get(start_path.ENV_VAR, "").strip():
             where = f" (from ${start_path.ENV_VAR})"
     if method not in start_path.METHODS:
-        raise ValueError(
+        raise InputError(
             f"start_method must be one of {start_path.METHODS}, got {method!r}{where}.")
     if method == "forkserver" and not starter.forkserver_supported():
-        raise ValueError(
+        raise InputError(
             f"start_method='forkserver'{where} is available on Linux and macOS only (it needs "
             "socket.send_fds); use 'spawn'."
         )

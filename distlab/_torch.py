@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import datetime
 
+from .errors import InputError
+
 
 def release() -> tuple[int, ...]:
     """The installed torch's release as numbers: ``(2, 14, 1)`` for ``2.14.1+cu130``."""
@@ -35,7 +37,7 @@ def _numbers(version: str) -> tuple[int, ...]:
 
     match = re.match(r"(\d+(?:\.\d+)*)", version) if isinstance(version, str) else None
     if not match:
-        raise ValueError(
+        raise InputError(
             f"{version!r} is not a torch release: write it as dotted numbers, e.g. '2.14'"
         )
     return tuple(int(part) for part in match.group(1).split("."))

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 import numbers
 
+from .errors import InputTypeError
+
 __all__ = ["above", "below"]
 
 
@@ -24,7 +26,7 @@ def _number(value, what: str) -> float:
     if hasattr(value, "item") and getattr(value, "numel", lambda: 1)() == 1:
         value = value.item()  # a one-element tensor or NumPy scalar
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be a number (or a one-element tensor), got {value!r}")
+        raise InputTypeError(f"{what} must be a number (or a one-element tensor), got {value!r}")
     return float(value)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from . import _config, _output, _readable
 from ._ranks import ship
 from ._ranks.group import RankGroup
-from .errors import DistlabError, entry_point
+from .errors import DistlabError, InputError, InputTypeError, entry_point
 
 _current: weakref.ref | None = None
 _all: weakref.WeakSet = weakref.WeakSet()
@@ -237,7 +237,7 @@ class Cluster:
         out = sorted(set(ranks))
         bad = [r for r in out if not isinstance(r, int) or not 0 <= r < self.world_size]
         if bad or not out:
-            raise ValueError(
+            raise InputError(
                 f"ranks must be a non-empty list of ranks between 0 and {self.world_size - 1}, "
                 f"got {ranks!r}"
             )
@@ -319,7 +319,7 @@ class Cluster:
     def push(self, ranks=None, **values) -> None:
         """Set variables in every rank's namespace: ``cluster.push(lr=0.1, model=net)``."""
         if not values:
-            raise TypeError("push() needs name=value pairs, e.g. cluster.push(lr=0.1)")
+            raise InputTypeError("push() needs name=value pairs, e.g. cluster.push(lr=0.1)")
         try:
             payload = ship.dumps("push", values)
         except Exception:
@@ -331,7 +331,7 @@ class Cluster:
     def pull(self, name: str, ranks=None) -> list:
         """Get variable ``name`` from every rank's namespace: one value per rank."""
         if not isinstance(name, str) or not name.isidentifier():
-            raise TypeError(f"pull() needs a variable name as a string, got {name!r}")
+            raise InputTypeError(f"pull() needs a variable name as a string, got {name!r}")
         return self._execute(ship.dumps("pull", name), ranks, None, False)
 
     # -- looking at it ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 - `ClusterBroken`: a cluster's rank is stuck or dead, so the cluster needs a restart.
 - `ShipError`: something given to distlab cannot be sent to the ranks (it does not pickle).
 - `StartError`: the ranks (or the helper that starts them) could not be started.
+- `InputError` (a ValueError) and `InputTypeError` (a TypeError): an argument that cannot work.
 - `distlab.calculators.CalculatorError` (defined with the calculators): a calculator's or a
   simulation's input that cannot work.
 
@@ -291,6 +292,16 @@ class ShipError(DistlabError, TypeError):
 
 class StartError(DistlabError, RuntimeError):
     """The ranks, or distlab's helper process that starts them, could not be started."""
+
+
+class InputError(DistlabError, ValueError):
+    """An argument given to distlab that cannot work (a size, a timeout, a backend's name); the
+    message says what to give instead."""
+
+
+class InputTypeError(DistlabError, TypeError):
+    """An argument given to distlab of the wrong kind (a string where a number goes); the
+    message says what to give instead."""
 
 
 def looks_like_consequence(type_name: str, message: str) -> bool:

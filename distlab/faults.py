@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from . import _config, launcher
-from .errors import RankFailure, entry_point
+from .errors import InputError, InputTypeError, RankFailure, entry_point
 
 #: How a `Crash` ends its rank: an exit code (as abrupt as a crash: no exception, no clean-up,
 #: like notebook 17's ``os._exit(13)``), or a signal, as the OOM killer or ``kill -9`` would.
@@ -57,11 +57,11 @@ class Crash:
     code: int = 13
 
     def __post_init__(self):
-        _config.check_int(self.rank, "rank", low=0, type_error=TypeError)
-        _config.check_int(self.step, "step", low=1, type_error=TypeError)
+        _config.check_int(self.rank, "rank", low=0, type_error=InputTypeError)
+        _config.check_int(self.step, "step", low=1, type_error=InputTypeError)
         if self.how not in HOW:
-            raise ValueError(f"how={self.how!r}: use one of {', '.join(map(repr, HOW))}")
-        _config.check_int(self.code, "code", low=1, high=255, type_error=TypeError,
+            raise InputError(f"how={self.how!r}: use one of {', '.join(map(repr, HOW))}")
+        _config.check_int(self.code, "code", low=1, high=255, type_error=InputTypeError,
                           hint=" (an exit code)")
 
     def here(self, step: int, rank: int | None = None) -> None:

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _torch
+from .errors import InputError, InputTypeError
 
 __all__ = ["Collective", "Entry", "dump", "median_waits", "read", "waits"]
 
@@ -132,7 +133,7 @@ def _group_name(group) -> str | None:
         return group
     name = getattr(group, "group_name", None)
     if not isinstance(name, str):
-        raise TypeError(
+        raise InputTypeError(
             f"group must be a process group (dist.new_group(...)) or its name, got {group!r}")
     return name
 
@@ -155,16 +156,16 @@ def read(raw, rank: int) -> list[Entry]:
         TypeError: ``raw`` is none of the above, or ``rank`` is not an int.
     """
     if isinstance(rank, bool) or not isinstance(rank, int):
-        raise TypeError(f"rank must be an int (the rank the dump came from), got {rank!r}")
+        raise InputTypeError(f"rank must be an int (the rank the dump came from), got {rank!r}")
     if isinstance(raw, (str, Path)):
         raw = Path(raw).read_bytes()
     if isinstance(raw, (bytes, bytearray)):
         raw = pickle.loads(raw)
     if not isinstance(raw, Mapping):
-        raise TypeError(
+        raise InputTypeError(
             f"raw must be a Flight Recorder dump (a dict, its pickle, or a file), got {raw!r}")
     if "entries" not in raw:
-        raise ValueError(
+        raise InputError(
             f"not a Flight Recorder dump: it has {sorted(raw)}, no 'entries' (a dump holds "
             "'version', 'pg_config', 'pg_status' and 'entries')")
     return [_entry(e, rank) for e in raw["entries"]]
@@ -186,7 +187,7 @@ def _entry(e: Mapping, rank: int) -> Entry:
             duration_ms=e.get("duration_ms"),
         )
     except KeyError as missing:
-        raise ValueError(f"a Flight Recorder entry without {missing}: {dict(e)!r}") from None
+        raise InputError(f"a Flight Recorder entry without {missing}: {dict(e)!r}") from None
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ def waits(entries: Iterable) -> list[Collective]:
             continue
         seen = by_call.setdefault((e.group, e.seq, e.op), {})
         if e.rank in seen:
-            raise ValueError(
+            raise InputError(
                 f"rank {e.rank} recorded {e.op} #{e.seq} of group {e.group!r} twice: pass each "
                 "rank's dump once")
         seen[e.rank] = e
@@ -265,7 +266,7 @@ def _flat(entries) -> list[Entry]:
     for item in entries:
         for e in (item if isinstance(item, (list, tuple)) else [item]):
             if not isinstance(e, Entry):
-                raise TypeError(
+                raise InputTypeError(
                     "waits() takes the Entry records of flight_recorder.dump (a list per rank), "
                     f"got {e!r}")
             flat.append(e)
@@ -285,5 +286,5 @@ def median_waits(collectives: Iterable[Collective]) -> dict[int, float]:
         for r, w in c.waits.items():
             per_rank.setdefault(r, []).append(w)
     if not per_rank:
-        raise ValueError("median_waits() got no collectives: did two ranks record any?")
+        raise InputError("median_waits() got no collectives: did two ranks record any?")
     return {r: statistics.median(per_rank[r]) for r in sorted(per_rank)}

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._config import check_int
+from .errors import InputError, InputTypeError
 
 __all__ = [
     "GPT",
@@ -94,12 +95,12 @@ class Config:
             value = getattr(self, name)
             check_int(value, f"Config.{name}", low=1)
         if self.dim % self.n_heads:
-            raise ValueError(
+            raise InputError(
                 f"Config.dim ({self.dim}) must be divisible by n_heads ({self.n_heads}): each "
                 "head gets dim // n_heads features"
             )
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"Config.dropout must be in [0, 1), got {self.dropout!r}")
+            raise InputError(f"Config.dropout must be in [0, 1), got {self.dropout!r}")
 
     @property
     def head_dim(self) -> int:
@@ -193,7 +194,8 @@ class GPT(nn.Module):
         super().__init__()
         config = Config() if config is None else config
         if not isinstance(config, Config):
-            raise TypeError(f"config must be a distlab.gpt.Config, got {type(config).__name__}")
+            raise InputTypeError(
+                f"config must be a distlab.gpt.Config, got {type(config).__name__}")
         self.config = config
         self.tok = nn.Embedding(config.vocab, config.dim)
         self.pos = nn.Embedding(config.seq_len, config.dim)
@@ -225,7 +227,7 @@ class GPT(nn.Module):
         if self.tok is not None:
             s = tokens.shape[1]
             if s > self.config.seq_len:
-                raise ValueError(
+                raise InputError(
                     f"a sequence of {s} tokens is longer than Config.seq_len={self.config.seq_len}"
                 )
             positions = torch.arange(s, device=tokens.device)
@@ -319,7 +321,7 @@ def batch(step: int, batch_size: int, config: Config | None = None, seed: int = 
     """
     config = Config() if config is None else config
     if not isinstance(config, Config):
-        raise TypeError(f"config must be a distlab.gpt.Config, got {type(config).__name__}")
+        raise InputTypeError(f"config must be a distlab.gpt.Config, got {type(config).__name__}")
     for name, value, low in (("step", step, 0), ("batch_size", batch_size, 1)):
         check_int(value, name, low=low)
     successor = torch.randperm(config.vocab, generator=torch.Generator().manual_seed(seed))
@@ -346,7 +348,7 @@ def make_optimizer(params, name: str = "adamw", lr: float = 1e-2):
         return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+    raise InputError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
 
 
 def reference_run(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from . import _config
 from ._ranks import ship
 from ._ranks.group import RankGroup
-from .errors import entry_point
+from .errors import InputError, entry_point
 
 #: launch's keyword options, with their defaults: what `on_ranks` takes out of a tool's kwargs.
 OPTIONS = {
@@ -155,13 +155,13 @@ def on_ranks(fn, args: tuple, options: dict, *, cluster=None) -> list:
     options = dict(options)
     world_size = options.pop("world_size", None)
     if world_size is not None and world_size != cluster.world_size:
-        raise ValueError(
+        raise InputError(
             f"world_size={world_size!r} but the cluster has {cluster.world_size} ranks: "
             "leave world_size out when you pass cluster="
         )
     for_new = sorted(k for k in options if k not in CLUSTER_OPTIONS)
     if for_new:
-        raise ValueError(
+        raise InputError(
             f"{', '.join(k + '=' for k in for_new)} {'is' if len(for_new) == 1 else 'are'} for "
             "new ranks; a cluster's ranks are already set up (give it to distlab.Cluster(...) "
             "instead)"

@@ -17,7 +17,7 @@ import shlex
 import sys
 
 from . import cluster as _cluster
-from .errors import entry_point
+from .errors import InputError, entry_point
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,16 +38,16 @@ def parse_line(
     try:
         args = _parser().parse_args(shlex.split(line))
     except SystemExit:
-        raise ValueError(f"could not read {line!r}. {usage}") from None
+        raise InputError(f"could not read {line!r}. {usage}") from None
     ranks = None
     if args.ranks not in (None, "all", "*"):
         try:
             ranks = sorted({int(x) for x in args.ranks.split(",") if x.strip()})
         except ValueError:
-            raise ValueError(f"ranks must look like 0,2 (got {args.ranks!r}). {usage}") from None
+            raise InputError(f"ranks must look like 0,2 (got {args.ranks!r}). {usage}") from None
         bad = [r for r in ranks if not 0 <= r < world_size]
         if bad or not ranks:
-            raise ValueError(
+            raise InputError(
                 f"rank(s) {bad or args.ranks} out of range: this cluster has ranks "
                 f"0..{world_size - 1}. {usage}"
             )

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from . import _output
 from ._chart import BACKGROUND, INK, PARTS, Chart, key
 from ._config import check_int, process_group_rank
-from .errors import entry_point
+from .errors import InputError, InputTypeError, entry_point
 
 __all__ = ["SideBySide", "Table", "Usage", "collect", "compare", "measure", "record"]
 
@@ -126,15 +126,15 @@ def measure(model=None, optimizer=None, *, activations=None) -> Usage:
     import torch
 
     if model is None and optimizer is None:
-        raise ValueError("measure() needs a model, an optimizer, or both: measure(model, opt)")
+        raise InputError("measure() needs a model, an optimizer, or both: measure(model, opt)")
     saved = _activation_bytes(activations)
     if model is not None and not isinstance(model, torch.nn.Module):
-        raise TypeError(
+        raise InputTypeError(
             f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module "
             "itself (for a list of tensors, wrap it: torch.nn.ParameterList(tensors))"
         )
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
+        raise InputTypeError(
             f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
         )
 
@@ -227,10 +227,10 @@ class Table(Chart):
     ):
         usages = list(usages)
         if not usages:
-            raise ValueError("a memory Table needs one Usage per rank; got none")
+            raise InputError("a memory Table needs one Usage per rank; got none")
         for r, u in enumerate(usages):
             if not isinstance(u, Usage):
-                raise TypeError(
+                raise InputTypeError(
                     f"entry {r} is a {type(u).__name__}, not a Usage: on the ranks, run "
                     "usage = distlab.memory.measure(model, optimizer), then pass "
                     "cluster.pull('usage')"
@@ -253,9 +253,9 @@ class Table(Chart):
         parameter of the whole model (÷ Ψ). Raises ValueError without ``psi`` or for an unknown
         part."""
         if self.psi is None:
-            raise ValueError("per_param needs psi: Table(usages, psi=number_of_parameters)")
+            raise InputError("per_param needs psi: Table(usages, psi=number_of_parameters)")
         if part not in (*_PARTS, "total"):
-            raise ValueError(f"part must be one of {(*_PARTS, 'total')}, got {part!r}")
+            raise InputError(f"part must be one of {(*_PARTS, 'total')}, got {part!r}")
         return getattr(self.usages[rank], part) / self.psi
 
     def peaks(self) -> list[int]:
@@ -478,10 +478,10 @@ def compare(*tables: Table) -> SideBySide:
         ValueError: no tables. TypeError: an argument is not a `Table`.
     """
     if not tables:
-        raise ValueError("compare() needs at least one memory Table")
+        raise InputError("compare() needs at least one memory Table")
     for i, t in enumerate(tables):
         if not isinstance(t, Table):
-            raise TypeError(f"argument {i} is a {type(t).__name__}, not a memory.Table")
+            raise InputTypeError(f"argument {i} is a {type(t).__name__}, not a memory.Table")
     return SideBySide(tables)
 
 

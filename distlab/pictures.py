@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from ._chart import BACKGROUND, FAINT, INK, MISSING, OKABE_ITO, Chart
 from ._config import check_int
+from .errors import InputError, InputTypeError
 
 __all__ = ["Cell", "Picture", "collective"]
 
@@ -324,15 +325,15 @@ def collective(
     sides = {}
     for side, entries in (("before", before), ("after", after)):
         if not isinstance(entries, (list, tuple)):
-            raise TypeError(
+            raise InputTypeError(
                 f"{side} must be a list with one entry per rank, got {type(entries).__name__}; "
                 f"for a single rank write [{side}]"
             )
         if not entries:
-            raise ValueError(f"{side} is empty: give one entry per rank")
+            raise InputError(f"{side} is empty: give one entry per rank")
         sides[side] = [_holding(e, side, rank) for rank, e in enumerate(entries)]
     if len(before) != len(after):
-        raise ValueError(
+        raise InputError(
             f"before has {len(before)} ranks but after has {len(after)}: "
             "give one entry per rank on both sides (None for a rank that holds nothing)"
         )
@@ -342,15 +343,15 @@ def collective(
         try:
             src, dst = (int(r) for r in pair)
         except (TypeError, ValueError):
-            raise ValueError(f"arrows must be (src, dst) rank pairs, got {pair!r}") from None
+            raise InputError(f"arrows must be (src, dst) rank pairs, got {pair!r}") from None
         if not (0 <= src < world_size and 0 <= dst < world_size):
-            raise ValueError(
+            raise InputError(
                 f"arrow {pair!r} names a rank outside 0..{world_size - 1} "
                 f"(the picture has {world_size} ranks)"
             )
         pairs.append((src, dst))
     if len(labels) != 2:
-        raise ValueError(f"labels must be two strings (before, after), got {labels!r}")
+        raise InputError(f"labels must be two strings (before, after), got {labels!r}")
     return Picture(
         name,
         sides["before"],
@@ -377,7 +378,7 @@ def _values(x, side: str, rank: int) -> tuple:
     """The values of one tensor-like entry: a number, a 0-d/1-d array, or a list of numbers."""
     if _is_array(x):
         if x.ndim > 1:
-            raise ValueError(
+            raise InputError(
                 f"{side}[{rank}] is a tensor with {x.ndim} dimensions (shape "
                 f"{tuple(x.shape)}); pictures draw 1-D tensors: pass t.flatten()"
             )
@@ -388,7 +389,7 @@ def _values(x, side: str, rank: int) -> tuple:
     out = []
     for v in x:
         if isinstance(v, complex) or not _is_number(v):
-            raise ValueError(
+            raise InputError(
                 f"{side}[{rank}] holds {v!r}, which is not a real number; an entry is a "
                 "tensor, a list of numbers, a list of tensors or None"
             )
@@ -402,13 +403,13 @@ def _holding(entry, side: str, rank: int) -> _Holding:
     if _is_array(entry) or _is_number(entry):
         return _Holding("tensor", (_values(entry, side, rank),))
     if not isinstance(entry, (list, tuple)):
-        raise ValueError(
+        raise InputError(
             f"{side}[{rank}] is a {type(entry).__name__}; an entry is a tensor, a number, a "
             "list of numbers, a list of tensors or None"
         )
     for v in entry:
         if not (_is_number(v) or _is_array(v) or isinstance(v, (list, tuple))):
-            raise ValueError(
+            raise InputError(
                 f"{side}[{rank}] holds {v!r}, which is not a real number; an entry is a "
                 "tensor, a list of numbers, a list of tensors or None"
             )
@@ -418,13 +419,13 @@ def _holding(entry, side: str, rank: int) -> _Holding:
         groups = []
         for v in entry:
             if isinstance(v, (list, tuple)) and not all(_is_number(x) for x in v):
-                raise ValueError(
+                raise InputError(
                     f"{side}[{rank}] nests lists too deeply ({v!r}); a list-style entry is a "
                     "flat list of tensors (or of lists of numbers)"
                 )
             groups.append(_values(v, side, rank))
         return _Holding("list", tuple(groups))
-    raise ValueError(
+    raise InputError(
         f"{side}[{rank}] mixes numbers and tensors/lists ({entry!r}); give either the values of "
         "one tensor ([1, 2]) or a list of tensors ([[1], [2]])"
     )

@@ -78,14 +78,16 @@ def test_pipeline_stages_hold_the_layers_once_between_them():
 def test_zero_paper_figure_1_is_reproduced_exactly():
     # 7.5B parameters, 64 GPUs, mixed-precision Adam (K = 12): 120, 31.4, 16.6 and 1.9 GB, where
     # 1 GB is 10^9 bytes and the paper rounds to one decimal.
-    totals = [memory_per_device(7_500_000_000, dp=64, zero=z).total for z in range(4)]
+    totals = [memory_per_device(7_500_000_000, dp=64, zero=z, precision="bf16-mixed").total
+              for z in range(4)]
     assert totals == [120_000_000_000, 31_406_250_000, 16_640_625_000, 1_875_000_000]
     assert [round(t / GB, 1) for t in totals] == [120.0, 31.4, 16.6, 1.9]
     assert [round(t / 2**30, 1) for t in totals] != [120.0, 31.4, 16.6, 1.9]  # not GiB
 
 
 def test_each_zero_stage_shards_one_more_part():
-    e = [memory_per_device(7_500_000_000, dp=64, zero=z) for z in range(4)]
+    e = [memory_per_device(7_500_000_000, dp=64, zero=z, precision="bf16-mixed")
+         for z in range(4)]
     psi = 7_500_000_000
     assert (e[0].params, e[0].grads, e[0].optimizer) == (2 * psi, 2 * psi, 12 * psi)
     assert (e[1].params, e[1].grads, e[1].optimizer) == (2 * psi, 2 * psi, 12 * psi // 64)
@@ -241,10 +243,11 @@ def test_course_models_activations_are_what_autograd_saves(name):
 
 def test_text_shows_exact_bytes_and_gb_and_is_deterministic():
     e = memory_per_device("Llama-3 70B", dp=8, tp=8, zero=1, checkpointing="full",
-                          seq_len=8192)
+                          seq_len=8192, precision="bf16-mixed")
     assert isinstance(e, MemoryEstimate) and repr(e) == str(e) == e.text()
     assert e.text() == memory_per_device("Llama-3 70B", dp=8, tp=8, zero=1,
-                                         checkpointing="full", seq_len=8192).text()
+                                         checkpointing="full", seq_len=8192,
+                                         precision="bf16-mixed").text()
     assert "params      17,640,734,720      17.64" in e.text()
     assert "total       50,530,598,916      50.53" in e.text()
     # zero=1: the whole bf16 gradients are there in backward, more than the loss's copies
@@ -281,7 +284,7 @@ def test_chart_draws_png_bytes_that_depend_only_on_the_estimate():
                                           "has 32: choose pp in 1, 2, 4, 8, 16, 32 (or 33, 34"),
         (dict(model="Llama-3 8B", stage=4, pp=4), "stage must be a pipeline stage, 0 to 3"),
         (dict(model="Llama-3 8B", attention="flash"), "attention='flash' is not one of"),
-        (dict(model="Llama-3 8B", ep=2), "Llama-3 8B is dense (no experts)"),
+        (dict(model="Llama-3 8B", dp=2, ep=2), "Llama-3 8B is dense (no experts)"),
         (dict(model="Mixtral 8x7B", dp=4, ep=8), "ep=8 must divide dp=4"),
         (dict(model="Llama-3 8B", cp=3, seq_len=4096), "seq_len=4096 does not split into cp=3"),
         (dict(model="Llama-3 8B", zero=4), "zero=4 is not a ZeRO stage: choose 0"),
@@ -313,12 +316,13 @@ def test_zero_shards_over_the_data_and_context_parallel_ranks_together():
     llama = PRESETS["Llama-3 8B"]
     n = llama.parameters()
     for zero in (1, 2, 3):
-        e = memory_per_device("Llama-3 8B", dp=2, cp=4, zero=zero, seq_len=4096)
+        e = memory_per_device("Llama-3 8B", dp=2, cp=4, zero=zero, seq_len=4096,
+                              precision="bf16-mixed")
         shard = -(-n // 8)
         assert e.optimizer == 12 * shard
         assert e.grads == (2 * shard if zero >= 2 else 2 * n)
         assert e.params == (2 * shard if zero >= 3 else 2 * n)
-    assert memory_per_device("Llama-3 8B", dp=8, zero=3).params == e.params
+    assert memory_per_device("Llama-3 8B", dp=8, zero=3, precision="bf16-mixed").params == e.params
 
 
 def test_a_mixture_of_experts_keeps_what_its_router_and_experts_save():

@@ -52,7 +52,7 @@ def test_bubble_agrees_with_the_played_out_schedules():
 
 def test_the_step_uses_its_schedules_bubble():
     plain = step_time("Llama-3 405B", **PAPER_16K, schedule="1F1B")
-    inter = step_time("Llama-3 405B", **PAPER_16K, schedule="Interleaved1F1B", v=2)
+    inter = step_time("Llama-3 405B", **PAPER_16K, schedule="Interleaved1F1B", virtual_stages=2)
     assert plain.bubble == Fraction(15, 31) and inter.bubble == Fraction(15, 47)
     busy = sum(t.exposed for t in inter.terms if t.per == "microbatch")
     fsdp = sum(t.exposed for t in inter.terms if t.per == "step")
@@ -82,7 +82,7 @@ def test_recomputation_adds_its_forward():
 
 
 def test_mfu_by_the_paper_counts_causal_attention_and_6n_does_not():
-    t = step_time("Llama-3 405B", **PAPER_16K, schedule="Interleaved1F1B", v=2)
+    t = step_time("Llama-3 405B", **PAPER_16K, schedule="Interleaved1F1B", virtual_stages=2)
     m = PRESETS["Llama-3 405B"]
     six_n = 6 * m.parameters()
     attention = 6 * m.layers * 8192 * m.hidden  # causal: half of PaLM's 12 L s d
@@ -236,7 +236,7 @@ def test_a_simulated_ranks_flops_are_one_microbatchs_whatever_it_accumulates():
     small = PRESETS["Llama-3 8B"].__class__(
         "small", vocab=1024, hidden=256, intermediate=896, layers=4, heads=8, kv_heads=2)
     one, three = _simulate_each([(small, scale.Layout(dp=2, seq_len=128)),
-                                 (small, scale.Layout(dp=2, seq_len=128, accumulate=3))])
+                                 (small, scale.Layout(dp=2, seq_len=128, microbatches=3))])
     assert one.flops > 0 and three.flops == one.flops
 
 

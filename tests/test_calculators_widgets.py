@@ -10,6 +10,7 @@ import pytest
 
 from distlab.calculators import (
     CalculatorError,
+    Layout,
     memory_per_device,
     pipeline_schedule,
     ring_steps,
@@ -42,7 +43,7 @@ def test_moving_a_control_redraws_the_numbers_and_the_picture(name, key, value):
 
 def test_default_text_is_the_pure_functions():
     assert widgets.pipeline().text == pipeline_schedule(4, 8, 1, "1F1B").text()
-    est = memory_per_device("Llama-3 8B", dp=8, zero=1, checkpointing="selective", seq_len=4096)
+    est = memory_per_device("Llama-3 8B", Layout(dp=8))  # the one Layout's defaults, on 8 ranks
     assert widgets.memory().text == est.text() + "\nits peak fits in an 80 GB device"
     assert widgets.stepper().text.startswith(ring_steps("all_reduce", 4, 1024).text())
 

@@ -133,7 +133,7 @@ def test_the_405b_rows_are_within_their_stated_bounds():
 
 
 def test_reshard_after_forward_false_keeps_every_unit_gathered():
-    kept = memory_per_device("Llama-3 8B", dp=8, zero=3, seq_len=4096,
+    kept = memory_per_device("Llama-3 8B", dp=8, zero=3, seq_len=4096, precision="bf16-mixed",
                              reshard_after_forward=False)
     freed = kept.with_(reshard_after_forward=True)
     dense, _ = kept.model.layer_parameters(1)
@@ -146,13 +146,13 @@ def test_reshard_after_forward_false_keeps_every_unit_gathered():
 
 def test_pipelining_with_fsdp2_accumulates_the_stages_gradients_unsharded_in_fp32():
     est = memory_per_device("Llama-3 405B", stage=0, **FSDP2_405B)
-    assert est.grad_sync == "last microbatch"
+    assert not est.sync_each_microbatch
     assert est.numel == 6_240_043_008
     # 23.2 GiB, not divided by dp; and the embedding's gradient whole over the vocabulary
     whole_embedding = 128256 * 16384 * 7 // 8 * 4
     assert est.unsharded_grads == 6_240_043_008 * 4 + whole_embedding
     assert round((est.unsharded_grads - whole_embedding) / GIB, 1) == 23.2
-    synced = est.with_(grad_sync="each microbatch")
+    synced = est.with_(sync_each_microbatch=True)
     assert synced.unsharded_grads == 0
     assert est.peak - synced.peak == est.unsharded_grads - est.grads
     one = est.with_(microbatches=1, pp=8)  # one microbatch: nothing to accumulate
@@ -161,7 +161,7 @@ def test_pipelining_with_fsdp2_accumulates_the_stages_gradients_unsharded_in_fp3
 
 def test_plain_gradient_accumulation_without_sync_is_counted_too():
     est = memory_per_device("Llama-3 8B", dp=8, zero=3, precision="bf16-fsdp2",
-                            seq_len=4096, microbatches=4, grad_sync="last microbatch")
+                            seq_len=4096, microbatches=4)
     assert est.unsharded_grads == est.numel * 4
     assert memory_per_device("Llama-3 8B", dp=8, zero=3, seq_len=4096).unsharded_grads == 0
 

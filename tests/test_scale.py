@@ -76,17 +76,38 @@ def test_stages_split_126_layers_on_16_as_the_llama3_paper():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(zero=1), "FSDP2 has no ZeRO-1"),
-        (dict(zero=2), "reshard_after_forward=False"),
         (dict(dp=4, ep=3), "ep=3 must divide dp=4"),
         (dict(cp=3, seq_len=8192), "does not split into cp=3"),
-        (dict(checkpointing="some"), "checkpointing must be one of"),
+        (dict(checkpointing="some"), "checkpointing='some' is not one of"),
         (dict(tp=0), "tp must be a whole number >= 1"),
+        # one stage per rank is not interleaving: torch's schedule would run it as 1F1B's
+        # warm-up of a two-stage rank (issue 52)
+        (dict(pp=2, schedule="Interleaved1F1B"), "set virtual_stages=2 .or more., or "
+                                                 "schedule='1F1B'"),
+        (dict(pp=2, virtual_stages=2), "set schedule='Interleaved1F1B', or virtual_stages=1"),
     ],
 )
 def test_a_layout_that_cannot_work_says_why(kwargs, message):
     with pytest.raises(CalculatorError, match=message):
         scale.Layout(**kwargs)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(zero=1), "FSDP2 has no ZeRO-1"),
+        (dict(zero=2), "reshard_after_forward=False"),
+        (dict(precision="bf16-mixed"), "precision=.bf16-fsdp2."),
+        (dict(loss="fused"), "loss='upcast'"),
+    ],
+)
+def test_a_layout_the_calculators_model_but_fsdp2_does_not_run_is_refused_by_the_simulator(
+        kwargs, message):
+    layout = scale.Layout(seq_len=128, **kwargs)  # a layout: the calculators take it
+    assert layout.memory(SMALL).peak > 0
+    with pytest.raises(CalculatorError, match=message):
+        scale.simulate_rank(SMALL, layout)
 
 
 @pytest.mark.quick
@@ -106,7 +127,7 @@ def test_an_interleaved_layout_takes_only_what_torchs_schedule_runs():
 def test_what_the_model_does_not_allow_is_refused_before_any_process_starts():
     with pytest.raises(CalculatorError, match="does not divide the 8 key-value heads"):
         scale.lay_out("Llama-3 8B", scale.Layout(tp=16))
-    with pytest.raises(CalculatorError, match="has 1 expert"):
+    with pytest.raises(CalculatorError, match="Llama-3 8B is dense .no experts."):
         scale.lay_out("Llama-3 8B", scale.Layout(dp=8, ep=8))
     with pytest.raises(CalculatorError, match="choose seq_len divisible by cp x tp"):
         scale.lay_out(SMALL, scale.Layout(tp=2, cp=2, seq_len=130))

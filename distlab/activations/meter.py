@@ -6,6 +6,7 @@ import torch
 
 from .. import _torch
 from .._torch_dispatch import tree_leaves
+from ..errors import InputTypeError
 from ..gradcheck.recorder import clean_name
 from .result import OUTSIDE, Activations
 
@@ -66,7 +67,7 @@ class Meter:
 
     def __init__(self, model):
         if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+            raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.result: Activations | None = None
         self._handles = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._config import check_int
+from ..errors import InputError
 from .result import OUTSIDE, Activations
 
 __all__ = ["korthikanti", "predict"]
@@ -57,15 +58,15 @@ def predict(config=None, batch_size: int = 8, seq_len: int | None = None, *,
     for name, value in (("batch_size", batch_size), ("seq_len", s), ("tp", tp)):
         check_int(value, name, low=1)
     if s > config.seq_len:
-        raise ValueError(f"seq_len={s} is longer than config.seq_len={config.seq_len}")
+        raise InputError(f"seq_len={s} is longer than config.seq_len={config.seq_len}")
     if config.dropout and (config.sdpa or tp > 1):
-        raise ValueError("predict() does not cover dropout > 0 with sdpa=True or tp > 1")
+        raise InputError("predict() does not cover dropout > 0 with sdpa=True or tp > 1")
     for what, size in (("n_heads", config.n_heads), ("the MLP width", config.hidden),
                        ("vocab", config.vocab)):
         if size % tp:
-            raise ValueError(f"{what} ({size}) must be divisible by tp={tp}")
+            raise InputError(f"{what} ({size}) must be divisible by tp={tp}")
     if sequence_parallel and (tp == 1 or s % tp):
-        raise ValueError(f"sequence_parallel needs tp > 1 dividing seq_len={s}; got tp={tp}")
+        raise InputError(f"sequence_parallel needs tp > 1 dividing seq_len={s}; got tp={tp}")
     b, h, a, v, f = batch_size, config.dim, config.n_heads, config.vocab, config.hidden
     e = torch.empty((), dtype=dtype).element_size()
     sbh, as2b, drop = s * b * h, a * s * s * b, config.dropout > 0

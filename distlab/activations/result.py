@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import InputTypeError
+
 __all__ = ["OUTSIDE", "Activations", "side_by_side"]
 
 OUTSIDE = "(outside the model)"
@@ -92,7 +94,7 @@ def side_by_side(measured: Activations, predicted: Activations, depth: int | Non
         TypeError: an argument is not an `Activations`."""
     for x in (measured, predicted):
         if not isinstance(x, Activations):
-            raise TypeError(f"side_by_side() takes two Activations, got {type(x).__name__}")
+            raise InputTypeError(f"side_by_side() takes two Activations, got {type(x).__name__}")
     names = list(dict.fromkeys(measured.order + predicted.order + (OUTSIDE,)))
     rows = [("module", "measured", "predicted", "difference")]
     for name in names:

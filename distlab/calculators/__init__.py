@@ -29,6 +29,7 @@ stage's number, 0 first. These formulas predict; `distlab.memory` measures on ra
 from ._text import GB, CalculatorError
 from .charts import CollectiveChart, MemoryChart, ScheduleChart, StepCommChart
 from .comm import CollectiveTime, StepComm, collective_time, step_comm
+from .layout import Layout
 from .links import LINKS, Link, fit_path, load_fit, save_fit
 from .memory_estimate import MemoryEstimate, memory_per_device
 from .models import PRESETS, LinearStack, Params, Transformer, stage_layers
@@ -49,7 +50,7 @@ from .steptime import (
 
 __all__ = [
     "GB", "LINKS", "PRESETS", "CalculatorError", "CollectiveChart", "CollectiveTime",
-    "Link", "LinearStack", "MemoryChart", "MemoryEstimate", "Params", "RingCollective",
+    "Layout", "Link", "LinearStack", "MemoryChart", "MemoryEstimate", "Params", "RingCollective",
     "RingStep", "Schedule", "ScheduleChart", "StepChart", "StepComm", "StepCommChart",
     "Transformer", "collective_time", "fit_path", "load_fit", "memory_per_device",
     "pipeline_schedule", "ring_steps", "save_fit", "stage_layers", "step_comm",

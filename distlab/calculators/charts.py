@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from .. import _chart
+from ..errors import InputTypeError
 from ._axes import axes, labels
 from ._text import GB, fraction, gb, human_bytes, seconds
 from .models import describe
@@ -187,7 +188,8 @@ class StepCommChart(_chart.Chart):
         self.steps = list(steps)
         for s in self.steps:
             if not all(hasattr(s, a) for a in ("layout", "calls", "seconds", "sent")):
-                raise TypeError(f"StepCommChart takes StepComm objects, got {type(s).__name__}")
+                raise InputTypeError(
+                    f"StepCommChart takes StepComm objects, got {type(s).__name__}")
 
     def __repr__(self) -> str:
         return "\n".join(s.text() for s in self.steps)

@@ -24,18 +24,19 @@ size h, a heads and tensor-parallel size t:
     full recomputation (keep each layer's input):     2 sbh          (2 sbh / t with SP: the
                                                                       input is sharded with it)
 
-and a fourth mode, "op-selective" (torchtitan's kind, not in the paper): keep the outputs of
-matmuls, attention and collectives, recompute the rest (`activations.llama_terms` lists them).
+and, not in the paper, torchtitan's op-level modes: "op-selective" (keep the outputs of matmuls,
+attention and collectives, recompute the rest) and "op-selective-alternate" (every other
+matmul's output kept): five modes in all (`layout.CHECKPOINTING`; `activation_terms.llama_terms`
+lists what each keeps).
 
 Adaptations, all ours: context parallelism (cp) keeps s/cp tokens per device, so s becomes s/cp
 throughout (ring attention works block by block). A mixture of experts sends each token through
 top_k experts, so the MLP's share (19 of the 34: 3 unsplit, 16 split) counts top_k times.
-Pipeline parallelism runs 1F1B, so stage r holds min(pp - r, microbatches) microbatches of its
-layers at once: the first stage (reported unless ``stage`` says otherwise) holds pp of them, as
-the paper counts it. The paper counts a GPT
-layer (2-byte activations, 1-byte dropout masks, a 4h GELU MLP); we keep its count for Llama's
-SwiGLU MLP and grouped-query attention, and double it for fp32. The embedding and output
-layer's activations (the logits) and one recomputed layer in the backward are not counted.
+With 1F1B, stage r holds min(pp - r, microbatches) microbatches of its layers at once: the first
+stage (reported unless ``stage`` says otherwise) holds pp of them, as the paper counts it. The
+paper counts a GPT layer (2-byte activations, 1-byte dropout masks, a 4h GELU MLP); for a Llama
+architecture `activation_terms` counts each tensor PyTorch keeps instead, the output layer's
+logits and the loss's copies included (below).
 
 What a real run holds beyond those, each counted in ``peak`` and each a named choice:
 
@@ -44,20 +45,21 @@ What a real run holds beyond those, each counted in ``peak`` and each a named ch
   SwiGLU); `activation_terms` lists what each keeps.
 - ``loss``: "upcast" (torchtitan's ``cross_entropy(pred.flatten(0, 1).float(), ...)``: the
   default) or "fused" (a chunked or fused cross-entropy); `activation_terms.loss_transient`.
-- ``grad_sync``: with pipelining, `torch.distributed.pipelining.stage`'s
-  ``backward_maybe_with_nosync`` calls ``set_requires_gradient_sync(False)`` and
-  ``set_reshard_after_backward(False)`` on an FSDP2 stage for every microbatch but the last, so
+- ``sync_each_microbatch`` (False by default): with pipelining,
+  `torch.distributed.pipelining.stage`'s ``backward_maybe_with_nosync`` calls
+  ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` on an FSDP2
+  stage for every microbatch but the last, so
   FSDP2 accumulates each parameter's unsharded gradient, upcast to its ``reduce_dtype``
   (``FSDPParam.to_accumulated_grad_if_needed``), for the whole step: the stage's parameters x
   the gradient's bytes (4 with "bf16-fsdp2"), not divided by dp. Llama 3.1 405B at tp 8 x pp 8:
   6.24 B parameters x 4 bytes = 25.0 GB (23.2 GiB) per GPU. Plain gradient accumulation with
-  ``no_sync`` / ``set_requires_gradient_sync(False)`` does the same (``grad_sync="last
-  microbatch"``). The sharded gradients only appear with the last reduce-scatter (torchtitan
+  ``no_sync`` / ``set_requires_gradient_sync(False)`` does the same (``microbatches`` with
+  pp = 1). The sharded gradients only appear with the last reduce-scatter (torchtitan
   zeroes gradients to None each step), so the peak counts the unsharded ones instead.
 - ``schedule``: "1F1B" (stage r holds min(pp - r, microbatches) microbatches), "GPipe" (all of
   them) or "Interleaved1F1B" with ``virtual_stages`` v: rank r runs warm-up forwards of its v
-  stages as torch's ``ScheduleInterleaved1F1B`` orders them (`pipeline.pipeline_schedule`), each
-  holding 1/v of the rank's layers.
+  stages as torch's ``ScheduleInterleaved1F1B`` orders them, each holding 1/v of the rank's
+  layers; its peak is walked along that order (`interleaved`).
 
 For the course's MLPs, activations are what autograd saves: each Linear's input, plus the output
 of a final ReLU/tanh/sigmoid, per row (a row is one of micro_batch x seq_len tokens).
@@ -71,36 +73,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .._config import check_int
-from . import fsdp_units
-from ._text import GB, CalculatorError, Printed, choice, divisors, one_of, positive_int
+from . import fsdp_units, interleaved
+from ._text import GB, CalculatorError, Printed
 from .activation_terms import IMPLEMENTATIONS, LOSSES, llama_terms, loss_transient
+from .layout import (
+    ACTIVATION_BYTES,
+    ATTENTIONS,
+    CHECKPOINTING,
+    FIELDS,
+    PRECISIONS,
+    SCHEDULES,
+    ZERO,
+    Layout,
+    as_layout,
+)
 from .models import LinearStack, Params, Transformer, describe, get_model, stage_layers
 
-__all__ = ["ATTENTIONS", "CHECKPOINTING", "GRAD_SYNCS", "IMPLEMENTATIONS", "LOSSES", "PARTS",
-           "PRECISIONS", "SCHEDULES", "MemoryEstimate", "memory_per_device"]
+__all__ = ["ATTENTIONS", "CHECKPOINTING", "IMPLEMENTATIONS", "LOSSES", "PARTS", "PRECISIONS",
+           "SCHEDULES", "Layout", "MemoryEstimate", "memory_per_device"]
 
-#: Bytes per parameter of (parameter, gradient, Adam's optimizer state), as each kind of
-#: training keeps them between steps:
-#:   fp32             4 + 4 + 8    everything in fp32
-#:   bf16-mixed       2 + 2 + 12   the ZeRO paper's (and DeepSpeed's): bf16 weights and
-#:                                 gradients, an fp32 master copy in the optimizer with m and v
-#:                                 (also named "bf16-zero-paper"; NOT what `distlab.scale`'s
-#:                                 Layout calls "bf16-mixed", which is FSDP2's "bf16-fsdp2")
-#:   bf16-fp32-grads  2 + 4 + 12   Megatron-LM's: gradients accumulated and reduced in fp32
-#:   bf16-fsdp2       4 + 4 + 8    FSDP2's MixedPrecisionPolicy(bf16, reduce fp32): the fp32
-#:                                 shards are the master weights; bf16 copies exist only while a
-#:                                 unit is gathered (counted in the peak, not here)
-PRECISIONS = {"fp32": (4, 4, 8), "bf16-mixed": (2, 2, 12), "bf16-zero-paper": (2, 2, 12),
-              "bf16-fp32-grads": (2, 4, 12), "bf16-fsdp2": (4, 4, 8)}
-#: Bytes of one activation value: bf16 compute for every mixed precision.
-ACTIVATION_BYTES = {"fp32": 4, "bf16-mixed": 2, "bf16-zero-paper": 2, "bf16-fp32-grads": 2,
-                    "bf16-fsdp2": 2}
-CHECKPOINTING = ("none", "selective", "op-selective", "op-selective-alternate", "full")
-GRAD_SYNCS = ("each microbatch", "last microbatch")
-SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
-ATTENTIONS = ("sdpa", "written")
 PARTS = ("params", "grads", "optimizer", "activations")
-_ZERO = {0: "no ZeRO (DDP)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
 
 
 @dataclass(frozen=True, repr=False)
@@ -112,43 +104,28 @@ class MemoryEstimate(Printed):
     with `memory_per_device`."""
 
     model: object
-    dp: int
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    zero: int
-    precision: str
-    checkpointing: str
-    seq_len: int
-    micro_batch: int
-    sequence_parallel: bool
+    layout: Layout
+    stage: int
     numel: int
     params: int
     grads: int
     optimizer: int
     activations: int
-    attention: str = "sdpa"
-    stage: int = 0
-    microbatches: int | None = None
-    loss_parallel: bool = True
-    replicate: int = 1
-    reshard_after_forward: bool = True
     in_flight: int = 1
     per_microbatch: int = 0
     gathered: int = 0
     recomputed: int = 0
     terms: tuple = ()
-    implementation: str = "eager"
-    loss: str = "upcast"
-    schedule: str = "1F1B"
-    virtual_stages: int = 1
-    grad_sync: str | None = None
     unsharded_grads: int = 0
     loss_transient: int = 0
     buffers: int = 0
     embedding_grad: int = 0
     chunks: tuple = field(default=(), repr=False)
+
+    def __getattr__(self, name):  # the layout's knobs read as the estimate's: ``est.dp``
+        if name in FIELDS and "layout" in self.__dict__:
+            return getattr(self.layout, name)
+        raise AttributeError(f"MemoryEstimate has no attribute {name!r}")
 
     @property
     def total(self) -> int:
@@ -186,9 +163,7 @@ class MemoryEstimate(Printed):
     def _peak(self, sharded_grads: bool) -> int:
         """``peak``; without ``sharded_grads``, of all but the sharded gradients."""
         if self.virtual_stages > 1:  # moment by moment along torch's order, stage by stage
-            from .pipeline import interleaved_peak
-
-            return interleaved_peak(self, sharded_grads)
+            return interleaved.peak(self, sharded_grads)
         grads = self.unsharded_grads or (self.grads if sharded_grads else 0)
         held = (self.params + self.optimizer + self.activations + self.gathered
                 + self.buffers)
@@ -235,16 +210,17 @@ class MemoryEstimate(Printed):
         return self.peak <= capacity
 
     def with_(self, **changes) -> MemoryEstimate:
-        """The same estimate with some inputs changed, e.g. ``est.with_(zero=3)``."""
-        inputs = {k: getattr(self, k) for k in _INPUTS} | changes
-        return memory_per_device(inputs.pop("model"), **inputs)
+        """The same estimate with some inputs changed, e.g. ``est.with_(zero=3)``: the layout's
+        knobs, ``model`` or ``stage``."""
+        model, stage = changes.pop("model", self.model), changes.pop("stage", self.stage)
+        return memory_per_device(model, as_layout(self.layout, changes, "with_"), stage=stage)
 
     def text(self) -> str:
         p, g, k = PRECISIONS[self.precision]
         layout = f"dp {self.dp} x tp {self.tp} x pp {self.pp} x cp {self.cp}"
         lines = [
             f"memory per device: {describe(self.model)}",
-            f"{self.devices} devices: {layout} (ep {self.ep}); {_ZERO[self.zero]}; "
+            f"{self.devices} devices: {layout} (ep {self.ep}); {ZERO[self.zero]}; "
             f"{self.precision}: {p} + {g} + {k} bytes per parameter",
         ]
         if not isinstance(self.model, (Params, LinearStack)):
@@ -299,144 +275,66 @@ class MemoryEstimate(Printed):
         return MemoryChart(self, capacity=capacity)
 
 
-_INPUTS = ("model", "dp", "tp", "pp", "cp", "ep", "zero", "precision", "checkpointing",
-           "seq_len", "micro_batch", "sequence_parallel", "attention", "stage", "microbatches",
-           "loss_parallel", "replicate", "reshard_after_forward", "implementation", "loss",
-           "schedule", "virtual_stages", "grad_sync")
-
-
-def memory_per_device(
-    model,
-    *,
-    dp=1,
-    tp=1,
-    pp=1,
-    cp=1,
-    ep=1,
-    zero=0,
-    precision="bf16-mixed",
-    checkpointing="none",
-    seq_len=2048,
-    micro_batch=1,
-    sequence_parallel=True,
-    attention="sdpa",
-    stage=0,
-    microbatches=None,
-    loss_parallel=True,
-    replicate=1,
-    reshard_after_forward=True,
-    implementation="eager",
-    loss="upcast",
-    schedule="1F1B",
-    virtual_stages=1,
-    grad_sync=None,
-) -> MemoryEstimate:
-    """The bytes one device holds when ``model`` trains with Adam on this layout.
+def memory_per_device(model, layout: Layout | None = None, *, stage: int = 0,
+                      **knobs) -> MemoryEstimate:
+    """The bytes one device holds when ``model`` trains with Adam on ``layout``.
 
     Args:
         model: a preset's name (``"Llama-3 8B"``; see `PRESETS`), a `Transformer`, a
             `LinearStack`, or a number of parameters (activations are then not modelled).
-        dp, tp, pp, cp, ep: data-, tensor-, pipeline-, context- and expert-parallel sizes.
-            Expert parallelism shares out a mixture of experts' experts among the data-parallel
-            ranks (as Megatron-Core and DeepSpeed-MoE do).
-        zero: the ZeRO stage, 0 to 3, sharding over the dp x cp ranks that hold the same
-            parameters (the experts' state over dp x cp / ep).
-        precision: bytes per parameter (see `PRECISIONS`): "fp32" (4 + 4 + 8), "bf16-mixed"
-            (2 + 2 + 12, the ZeRO paper's), "bf16-fp32-grads" (2 + 4 + 12, Megatron-LM's) or
-            "bf16-fsdp2" (4 + 4 + 8: FSDP2's fp32 shards; bf16 only while gathered).
-        checkpointing: activation recomputation: "none", "selective" (recompute attention's
-            core), "op-selective" (keep matmuls', attention's and collectives' outputs,
-            recompute the rest) or "full" (keep each layer's input).
-        seq_len, micro_batch: tokens per sequence and sequences per microbatch.
-        sequence_parallel: with tp > 1, also split the norms' and dropouts' activations
-            (Megatron-LM's sequence parallelism).
-        attention: for a Llama-architecture model: "sdpa" (flash attention: the scores are
-            never kept) or "written" (the softmax of the scores is).
+        layout: a `Layout` (its docstring names every knob and its default); None for
+            ``Layout()``.
         stage: the pipeline stage whose device is reported (0: the first, which holds the most
             microbatches in flight; ``pp - 1`` holds the logits).
-        microbatches: microbatches per step (pipelining, 1F1B); default ``pp``. Stage ``r``
-            holds ``min(pp - r, microbatches)`` of them at once.
-        loss_parallel: with tp > 1, the logits stay split by vocabulary into the loss.
-        replicate: HSDP: replicas of the dp-sharded model (more devices, the same per device).
-        reshard_after_forward: with zero=3, FSDP frees the gathered parameters after each
-            unit's forward (True) or keeps them until its backward (False: more memory, one
-            all-gather fewer; what FSDP2 does with pipelining). Only the peak changes.
-        implementation: "eager" (PyTorch eager: sequence parallelism's gathered inputs kept
-            whole, an unfused SwiGLU's four tensors) or "megatron" (Megatron-LM: re-gathered in
-            backward, a fused SwiGLU's two); see `activation_terms`.
-        loss: "upcast" (torchtitan's: the logits upcast to fp32 before ``cross_entropy``) or
-            "fused" (a chunked or fused cross-entropy: nothing vocabulary-wide kept).
-        schedule: the pipeline schedule: "1F1B", "GPipe" or "Interleaved1F1B" (with
-            ``virtual_stages`` >= 2 stages per rank).
-        virtual_stages: stages per pipeline rank (Interleaved1F1B only).
-        grad_sync: when ZeRO-2/3 reduce-scatters gradients: "each microbatch", or "last
-            microbatch" (``no_sync``: unsharded gradients accumulate across microbatches).
-            Default: "last microbatch" with pipelining (as `PipelineStage` runs FSDP2),
-            "each microbatch" otherwise.
+        knobs: a Layout's knobs as keywords, changing ``layout``'s (or the defaults'):
+            ``memory_per_device("Llama-3 8B", dp=8)`` is
+            ``memory_per_device("Llama-3 8B", Layout(dp=8))``.
+
+    How the knobs count: ZeRO shards over the dp x cp ranks that hold the same parameters (the
+    experts' state over dp x cp / ep); with pipelining stage ``r`` holds ``min(pp - r,
+    microbatches)`` microbatches at once under 1F1B, all of them under GPipe, and torch's
+    order under Interleaved1F1B (`interleaved`); with ``sync_each_microbatch=False`` (the
+    default) and ZeRO 2 or 3, the unsharded gradients accumulate over the step's microbatches
+    (as `PipelineStage` runs FSDP2).
 
     Returns:
         A `MemoryEstimate` (exact bytes; its text shows them and GB).
 
     Raises:
-        CalculatorError (a ValueError): an unknown preset; a size that is not a whole number
-            >= 1; ``tp`` that does not divide the heads, key-value heads or MLP; ``pp`` that does
-            not divide the layers; ``seq_len`` not a multiple of ``cp``; ``ep`` > 1 for a dense
-            model, or not dividing the experts or ``dp``; ``cp`` > 1, ``tp`` > 1 or checkpointing
-            for a `LinearStack`; a ``zero``, ``precision``, ``checkpointing``,
-            ``implementation``, ``loss``, ``schedule`` or ``grad_sync`` not offered;
-            ``virtual_stages`` other than 1 without Interleaved1F1B, or 1 with it. Each message
-            lists what would work.
+        CalculatorError (a `distlab.DistlabError` and a ValueError): an unknown preset; a knob
+            `Layout` refuses; ``tp`` that does not divide the heads, key-value heads or MLP;
+            ``pp`` x ``virtual_stages`` that does not divide the layers; ``ep`` > 1 for a dense
+            model or not dividing the experts; ``cp`` > 1, ``tp`` > 1 or checkpointing for a
+            `LinearStack`; a ``stage`` outside 0 to pp - 1. Each message lists what would work.
     """
     m = get_model(model)
-    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep),
-                        ("replicate", replicate)):
-        positive_int(value, name)
-    if microbatches is not None:
-        positive_int(microbatches, "microbatches")
-    check_int(stage, "stage", low=0, high=pp - 1, noun="a pipeline stage", error=CalculatorError)
-    choice(attention, "attention", ATTENTIONS)
-    positive_int(seq_len, "seq_len")
-    positive_int(micro_batch, "micro_batch")
-    if zero not in _ZERO or isinstance(zero, bool):
-        raise CalculatorError(
-            f"zero={zero!r} is not a ZeRO stage: choose 0 (none: DDP), 1 (shard the optimizer "
-            "state), 2 (and the gradients) or 3 (and the parameters: FSDP)"
-        )
-    choice(precision, "precision", PRECISIONS)
-    choice(checkpointing, "checkpointing", CHECKPOINTING)
-    _check_layout(m, dp, cp, ep, seq_len, checkpointing)
-    choice(implementation, "implementation", IMPLEMENTATIONS)
-    choice(loss, "loss", LOSSES)
-    choice(schedule, "schedule", SCHEDULES)
-    positive_int(virtual_stages, "virtual_stages")
-    if (schedule == "Interleaved1F1B") != (virtual_stages > 1):
-        raise CalculatorError(
-            f"schedule={schedule!r} with virtual_stages={virtual_stages}: Interleaved1F1B puts "
-            "v >= 2 stages on each rank, the others one: set virtual_stages=2 (or more) with "
-            "Interleaved1F1B, or virtual_stages=1 with 1F1B or GPipe")
-    if grad_sync is None:
-        grad_sync = "last microbatch" if pp > 1 else "each microbatch"
-    choice(grad_sync, "grad_sync", GRAD_SYNCS)
+    layout = as_layout(layout, knobs, "memory_per_device")
+    check_int(stage, "stage", low=0, high=layout.pp - 1, noun="a pipeline stage",
+              error=CalculatorError)
+    layout.check(m)
+    return _estimate(m, layout, stage)
 
+
+def _estimate(m, layout: Layout, stage: int) -> MemoryEstimate:
+    """`memory_per_device` of a model object on a checked layout."""
+    lay = layout
+    tp, pp, zero, precision = lay.tp, lay.pp, lay.zero, lay.precision
     dense, expert = m.shard(tp, pp, stage=stage)
-    expert //= ep
-    shards = {"dense": (dense, dp * cp), "expert": (expert, dp * cp // ep)}
+    expert //= lay.ep
+    shards = {"dense": (dense, lay.dp * lay.cp), "expert": (expert, lay.dp * lay.cp // lay.ep)}
     p_bytes, g_bytes, k_bytes = PRECISIONS[precision]
 
     def part(per_param: int, sharded: bool) -> int:
         return sum(-(-n // (ways if sharded else 1)) * per_param for n, ways in shards.values())
 
-    in_flight = _in_flight(schedule, pp, stage, microbatches or pp, virtual_stages)
-    kw = dict(tp=tp, pp=pp, cp=cp, ep=ep, seq_len=seq_len, micro_batch=micro_batch,
-              sp=bool(sequence_parallel), precision=precision, attention=attention, stage=stage,
-              loss_parallel=loss_parallel, implementation=implementation, loss=loss)
-    terms = _activation_terms(m, checkpointing=checkpointing, **kw)
+    kw = _term_inputs(lay, stage)
+    terms = _activation_terms(m, checkpointing=lay.checkpointing, **kw)
     buffers = 0
     if isinstance(m, Transformer) and pp > 1:
-        terms, buffers = _pipeline_terms(m, terms, microbatches=microbatches or pp, **kw)
+        terms, buffers = _pipeline_terms(m, terms, microbatches=lay.steps, **kw)
     per_microbatch = sum(b for _, b in terms)
-    accumulating = zero >= 2 and grad_sync == "last microbatch" and (microbatches or pp) > 1
-    unsharded = sum(n for n in (dense, expert)) * g_bytes if accumulating else 0
+    accumulating = zero >= 2 and not lay.sync_each_microbatch and lay.steps > 1
+    unsharded = (dense + expert) * g_bytes if accumulating else 0
     embedding_grad = 0
     if isinstance(m, Transformer) and stage == 0 and tp > 1:
         # torch's DTensor has no vocabulary-sharded embedding backward: the gradient of the
@@ -448,41 +346,34 @@ def memory_per_device(
             unsharded += (whole - mine) * g_bytes
     transient = 0
     if isinstance(m, Transformer) and stage == pp - 1:
-        transient = loss_transient(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
-                                   loss=loss, loss_parallel=loss_parallel)
+        transient = loss_transient(m, seq_len=lay.seq_len, micro_batch=lay.micro_batch, tp=tp,
+                                   cp=lay.cp, loss=lay.loss, loss_parallel=lay.loss_parallel)
     chunks = ()
-    if virtual_stages > 1 and isinstance(m, Transformer):
-        # each of the rank's stages (r, r + pp, ...) as a stage of a pp x v pipeline, as
-        # `distlab.scale` lays an interleaved pipeline out; the peak walks them
-        chunks = tuple(
-            memory_per_device(m, dp=dp, tp=tp, pp=pp * virtual_stages, cp=cp, ep=ep, zero=zero,
-                              precision=precision, checkpointing=checkpointing, seq_len=seq_len,
-                              micro_batch=micro_batch, sequence_parallel=sequence_parallel,
-                              attention=attention, stage=g, microbatches=microbatches or pp,
-                              loss_parallel=loss_parallel,
-                              reshard_after_forward=reshard_after_forward,
-                              implementation=implementation, loss=loss, grad_sync=grad_sync)
-            for g in range(stage, pp * virtual_stages, pp))
+    if lay.virtual_stages > 1 and isinstance(m, Transformer):
+        chunks = interleaved.chunks(m, lay, stage, _estimate)
         buffers = sum(c.buffers for c in chunks)  # each of the rank's stages receives its own
+    in_flight = _in_flight(lay, stage)
     return MemoryEstimate(
-        model=m, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, precision=precision,
-        checkpointing=checkpointing, seq_len=seq_len, micro_batch=micro_batch,
-        sequence_parallel=bool(sequence_parallel), numel=dense + expert,
+        model=m, layout=lay, stage=stage, numel=dense + expert,
         params=part(p_bytes, zero >= 3), grads=part(g_bytes, zero >= 2),
         optimizer=part(k_bytes, zero >= 1),
-        activations=in_flight * per_microbatch // virtual_stages,
-        attention=attention, stage=stage, microbatches=microbatches,
-        loss_parallel=bool(loss_parallel), replicate=replicate,
-        reshard_after_forward=bool(reshard_after_forward), in_flight=in_flight,
-        per_microbatch=per_microbatch, terms=tuple(terms),
-        gathered=fsdp_units.gathered(m, tp, pp, stage, zero, ACTIVATION_BYTES[precision], ep,
-                                     bool(reshard_after_forward)),
-        recomputed=_recomputed(m, checkpointing, **kw),
-        implementation=implementation, loss=loss, schedule=schedule,
-        virtual_stages=virtual_stages, grad_sync=grad_sync, unsharded_grads=unsharded,
-        loss_transient=transient, buffers=buffers, embedding_grad=embedding_grad,
-        chunks=chunks,
+        activations=in_flight * per_microbatch // lay.virtual_stages,
+        in_flight=in_flight, per_microbatch=per_microbatch, terms=tuple(terms),
+        gathered=fsdp_units.gathered(m, tp, pp, stage, zero, ACTIVATION_BYTES[precision],
+                                     lay.ep, bool(lay.reshard_after_forward)),
+        recomputed=_recomputed(m, lay.checkpointing, **kw),
+        unsharded_grads=unsharded, loss_transient=transient, buffers=buffers,
+        embedding_grad=embedding_grad, chunks=chunks,
     )
+
+
+def _term_inputs(lay: Layout, stage: int) -> dict:
+    """The layout's knobs the activation terms read."""
+    return dict(tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, seq_len=lay.seq_len,
+                micro_batch=lay.micro_batch, sp=bool(lay.sequence_parallel),
+                precision=lay.precision, attention=lay.attention, stage=stage,
+                loss_parallel=lay.loss_parallel, implementation=lay.implementation,
+                loss=lay.loss)
 
 
 def _pipeline_terms(m, terms, *, stage, microbatches, tp, pp, cp, seq_len, micro_batch, sp,
@@ -505,16 +396,14 @@ def _pipeline_terms(m, terms, *, stage, microbatches, tp, pp, cp, seq_len, micro
     return terms, buffers
 
 
-def _in_flight(schedule, pp, stage, microbatches, v) -> int:
+def _in_flight(lay: Layout, stage: int) -> int:
     """Microbatches (with v > 1: stage-microbatches, each 1/v of the rank's layers) whose
     activations stage ``stage``'s rank holds at once."""
-    if schedule == "GPipe":
-        return microbatches
-    if schedule == "1F1B":
-        return min(pp - stage, microbatches)
-    from .pipeline import _interleaved, _peak
-
-    return _peak(_interleaved(stage, pp, microbatches, v))
+    if lay.schedule == "GPipe":
+        return lay.steps
+    if lay.schedule == "1F1B":
+        return min(lay.pp - stage, lay.steps)
+    return interleaved.in_flight(lay, stage)
 
 
 def _recomputed(m, checkpointing, **kw) -> int:
@@ -526,40 +415,6 @@ def _recomputed(m, checkpointing, **kw) -> int:
     kept = _activation_terms(m, checkpointing=checkpointing, **kw)
     layers = len(stage_layers(m.layers, kw["pp"])[kw["stage"]])
     return (sum(b for _, b in whole) - sum(b for _, b in kept)) // layers
-
-
-def _check_layout(m, dp, cp, ep, seq_len, checkpointing) -> None:
-    if cp > 1 and not isinstance(m, Transformer):
-        raise CalculatorError(f"context parallelism splits a transformer's sequence: use cp=1 "
-                              f"for {m.name or 'a parameter count'}")
-    if seq_len % cp:
-        raise CalculatorError(
-            f"seq_len={seq_len} does not split into cp={cp} equal parts: choose cp in "
-            f"{one_of(divisors(seq_len)[:12])}, or a seq_len that is a multiple of {cp}"
-        )
-    if ep > 1:
-        experts = getattr(m, "experts", 1)
-        if experts == 1:
-            raise CalculatorError(
-                f"ep={ep}: {m.name or 'this model'} is dense (no experts), so expert "
-                "parallelism has nothing to share out: use ep=1, or a mixture of experts such "
-                "as 'Mixtral 8x7B'"
-            )
-        if experts % ep:
-            raise CalculatorError(
-                f"ep={ep} does not divide the {experts} experts of {m.name}: choose ep in "
-                f"{one_of(divisors(experts))}"
-            )
-        if dp % ep:
-            raise CalculatorError(
-                f"ep={ep} must divide dp={dp}: the expert-parallel ranks are data-parallel "
-                f"ranks; choose ep in {one_of([e for e in divisors(dp) if experts % e == 0])}"
-            )
-    if isinstance(m, LinearStack) and checkpointing != "none":
-        raise CalculatorError(
-            f"checkpointing is modelled for transformer layers; {m.name} stores its layers' "
-            "inputs either way: use checkpointing='none'"
-        )
 
 
 def _activation_terms(m, *, tp, pp, cp, ep, seq_len, micro_batch, checkpointing, sp, precision,

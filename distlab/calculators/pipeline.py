@@ -235,49 +235,6 @@ def _interleaved(rank, p, m, v):
     return order
 
 
-def interleaved_peak(est, sharded_grads: bool = True) -> int:
-    """The peak of an interleaved rank (a `MemoryEstimate` with ``chunks``, the calculator's
-    estimates of the rank's stages), moment by moment along torch's order: each stage holds its
-    parameters gathered from its first forward to its last backward, its unsharded gradients
-    from its first backward to its last (then reduce-scattered to its shard), and a
-    microbatch's activations from that forward to its backward. Adding the largest parts (the
-    formula for one stage per rank) would count every stage's gathered parameters and
-    gradients as alive at once, which the schedule never holds: on Llama-3 405B at PP 8 x v 2
-    that overestimated PyTorch's own schedule (simulated) by 28-40%. Without
-    ``sharded_grads``: the peak of all but the sharded gradients (FSDP2 makes them on its
-    reduce-scatter stream: `MemoryEstimate.reserved`)."""
-    p, chunks = est.pp, est.chunks
-    order = _interleaved(est.stage, p, est.microbatches or p, est.virtual_stages)
-    last_b = {stage // p: i for i, (kind, stage, _) in enumerate(order) if kind == "B"}
-    unsharded = sum(c.unsharded_grads for c in chunks) or 1
-    shard = [est.grads * c.unsharded_grads // unsharded for c in chunks]
-    started, backward = set(), set()
-    activations = peak = 0
-    base = est.params + est.optimizer + est.buffers
-    for i, (kind, stage, _) in enumerate(order):
-        c = stage // p
-        chunk = chunks[c]
-        if kind == "F":
-            started.add(c)
-            activations += chunk.per_microbatch
-        else:
-            backward.add(c)
-        done = {k for k in backward if last_b[k] < i}
-        gathered = sum(chunks[k].gathered for k in started - done)
-        grads = est.grads if sharded_grads else 0
-        if est.unsharded_grads:
-            grads = (sum(chunks[k].unsharded_grads for k in backward - done)
-                     + sharded_grads * sum(shard[k] for k in done))
-        now = base + gathered + grads + activations
-        if kind == "F":
-            peak = max(peak, now + chunk.loss_transient)
-        else:
-            late = max(est.recomputed, chunk.embedding_grad - chunk.per_microbatch, 0)
-            peak = max(peak, now + late)
-            activations -= chunk.per_microbatch
-    return peak
-
-
 def _simulate(orders, stages, f, b):
     """Notebook 16's ``simulate``: each action starts when its rank is free and its input done."""
     done, free, pos = {}, [Fraction(0)] * len(orders), [0] * len(orders)

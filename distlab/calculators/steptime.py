@@ -3,7 +3,7 @@ are exposed and those hidden behind compute, and the pipeline's bubble.
 
     from distlab.calculators import step_time
     t = step_time("Llama-3 405B", tp=8, pp=16, dp=128, seq_len=8192, microbatches=16,
-                  schedule="Interleaved1F1B", v=2)
+                  schedule="Interleaved1F1B", virtual_stages=2)
     t.mfu, t.mfu_6n, t.seconds      # and print(t): every term, and every assumption named
 
 A prediction, not a measurement: each number comes from the inputs below, each named.
@@ -106,9 +106,9 @@ from fractions import Fraction
 
 from ._text import CalculatorError, Printed, choice, positive_int, seconds
 from .comm import collective_time
+from .layout import CHECKPOINTING, PRECISIONS, SCHEDULES, Layout, as_layout
 from .links import get_link
 from .models import Transformer, get_model, stage_layers
-from .pipeline import SCHEDULES
 
 __all__ = ["CHECKPOINTING", "H100_HBM", "H100_HBM2E", "H100_PEAK", "MAMF_H100", "MATMUL_EFFICIENCY",
            "MEMORY_BOUND", "StepTime", "Term", "attention_flops", "bubble", "step_time"]
@@ -123,10 +123,6 @@ MEMORY_BOUND = ("fused", "eager", "none")  #: how the memory-bound kernels are c
 #: recomputation of the elementwise forward, by ``checkpointing`` (share of it run again)
 _RECOMPUTE_ELEMENTWISE = {"none": 0, "op-selective": 1, "op-selective-alternate": 1,
                           "selective": 0, "full": 1}
-#: The memory calculator's names (`memory_estimate.CHECKPOINTING`): "op-selective" keeps every
-#: matmul's output (recomputes none), "op-selective-alternate" (torchtitan's policy of December
-#: 2024) every other one (recomputes half).
-CHECKPOINTING = ("none", "op-selective", "op-selective-alternate", "selective", "full")
 _RECOMPUTE = {  # (share of the matmuls' forward, of attention's forward) run again in backward
     "none": (0, 0), "op-selective": (0, 0), "op-selective-alternate": (Fraction(1, 2), 0),
     "selective": (0, 1), "full": (1, 1),
@@ -287,25 +283,24 @@ def _memory_bound_bytes(m, memory_bound, report, *, layers, tp, tokens, pp, dp, 
     return moved, per_step, "fused: each elementwise region one kernel"
 
 
-def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
-              microbatches=None, schedule="1F1B", v=1, checkpointing="none",
-              matmul_efficiency=MATMUL_EFFICIENCY, attention_efficiency=None,
-              peak_flops=H100_PEAK, bandwidth="measured", nvlink="NVLink 4 (H100 SXM)",
-              network="InfiniBand NDR (400 Gb/s)", dp_link=None, async_tp=False,
-              grad_bytes=4, memory_bound="fused", hbm_bandwidth=H100_HBM,
-              report=None, sustained=1.0) -> StepTime:
+def step_time(model, layout: Layout | None = None, *, matmul_efficiency=MATMUL_EFFICIENCY,
+              attention_efficiency=None, peak_flops=H100_PEAK, bandwidth="measured",
+              nvlink="NVLink 4 (H100 SXM)", network="InfiniBand NDR (400 Gb/s)", dp_link=None,
+              async_tp=False, grad_bytes=None, memory_bound="fused", hbm_bandwidth=H100_HBM,
+              report=None, sustained=1.0, **knobs) -> StepTime:
     """Predict one training step's time and MFU (the module says how).
 
     Args:
         model: a `Transformer` or a preset's name ("Llama-3 405B").
-        tp, cp, pp, dp: tensor, context, pipeline and data (FSDP) parallel sizes; TP inside a
-            node (``nvlink``), the others across nodes (``network``).
-        seq_len, micro_batch: tokens per sequence, sequences per microbatch.
-        microbatches: microbatches per step through each pipeline (per data-parallel rank);
-            default pp. Tokens per step: dp x microbatches x micro_batch x seq_len.
-        schedule, v: "GPipe", "1F1B" or "Interleaved1F1B" with v >= 2 stages per rank.
-        checkpointing: "none", "op-selective", "op-selective-alternate", "selective" or
-            "full" (what is recomputed), as `memory_per_device` names them.
+        layout: a `Layout` (None: ``Layout()``); its knobs may also be given as keywords
+            (``step_time("Llama-3 405B", tp=8, pp=16, dp=128)``), as `memory_per_device`
+            takes them. Read here: tp, cp, pp, dp (TP inside a node, on ``nvlink``; the others
+            across nodes, on ``network``), seq_len, micro_batch, microbatches (per step through
+            each pipeline, or accumulated without one; default pp; tokens per step: dp x
+            microbatches x micro_batch x seq_len), schedule, virtual_stages, checkpointing and
+            precision (the default ``grad_bytes``). The DP collectives are FSDP's (an
+            all-gather and a reduce-scatter per layer) for any ``zero``: DDP's all-reduce moves
+            the bytes of one of each.
         matmul_efficiency: the share of ``peak_flops`` the matmuls reach (default 0.80, the
             measured H100 MAMF); attention_efficiency: attention's (default: the same).
         peak_flops: one GPU's peak, FLOP/s (default H100 SXM dense bf16, 989e12).
@@ -314,7 +309,8 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
         dp_link: the link FSDP's collectives use (default ``network``; ``nvlink`` for FSDP
             inside one node).
         async_tp: TP's collectives overlapped with the matmuls (async TP), not exposed.
-        grad_bytes: bytes per gradient in FSDP's reduce-scatter (4: fp32, as Llama 3).
+        grad_bytes: bytes per gradient in FSDP's reduce-scatter (default: the layout's
+            precision's gradient, 4 for "bf16-fsdp2": fp32, as Llama 3).
         memory_bound: "fused" (each elementwise region one kernel), "eager" (every op of the
             simulated rank one kernel: needs ``report``) or "none" (not timed).
         hbm_bandwidth: the GPU memory's bytes/s for the memory-bound kernels (default H100
@@ -336,9 +332,10 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
         A `StepTime`.
 
     Raises:
-        CalculatorError (a ValueError): a size not a whole number >= 1; an unknown schedule,
-            checkpointing or bandwidth; v that does not fit the schedule; a model that is not a
-            dense `Transformer` (MoE is not modelled); an efficiency outside (0, 1]; a link with
+        CalculatorError (a `distlab.DistlabError` and a ValueError): a knob `Layout` refuses;
+            ``replicate`` or ``ep`` above 1, or tp > 1 without ``sequence_parallel`` (not
+            modelled); an unknown bandwidth; a model that is not a dense `Transformer` (MoE is
+            not modelled); an efficiency outside (0, 1]; a link with
             no measured bandwidth when "measured" is asked (give ``bandwidth="peak"``);
             ``memory_bound="eager"`` without a ``report``; ``hbm_bandwidth`` not above 0;
             ``sustained`` outside (0, 1].
@@ -347,11 +344,21 @@ def step_time(model, *, tp=1, cp=1, pp=1, dp=1, seq_len=8192, micro_batch=1,
     if not isinstance(m, Transformer) or m.experts > 1:
         raise CalculatorError("step_time models a dense Transformer (a preset such as "
                               "'Llama-3 405B'); mixtures of experts are not modelled")
-    for name, value in (("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp), ("seq_len", seq_len),
-                        ("micro_batch", micro_batch), ("grad_bytes", grad_bytes)):
-        positive_int(value, name)
-    mbs = pp if microbatches is None else positive_int(microbatches, "microbatches")
-    choice(checkpointing, "checkpointing", CHECKPOINTING)
+    lay = as_layout(layout, knobs, "step_time")
+    lay.check(m)
+    for name in ("replicate", "ep"):
+        if getattr(lay, name) > 1:
+            raise CalculatorError(f"step_time does not model {name}={getattr(lay, name)}: "
+                                  f"use {name}=1")
+    if lay.tp > 1 and not lay.sequence_parallel:
+        raise CalculatorError("step_time models tensor parallelism with sequence parallelism: "
+                              "use sequence_parallel=True")
+    tp, cp, pp, dp, v = lay.tp, lay.cp, lay.pp, lay.dp, lay.virtual_stages
+    seq_len, micro_batch, mbs = lay.seq_len, lay.micro_batch, lay.steps
+    schedule, checkpointing = lay.schedule, lay.checkpointing
+    if grad_bytes is None:
+        grad_bytes = PRECISIONS[lay.precision][1]
+    positive_int(grad_bytes, "grad_bytes")
     choice(bandwidth, "bandwidth", ("measured", "peak"))
     choice(memory_bound, "memory_bound", MEMORY_BOUND)
     if memory_bound == "eager" and report is None:

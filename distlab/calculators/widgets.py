@@ -24,8 +24,9 @@ from . import comm as _comm
 from ._widget import Calculator, dropdown, number, slider
 from .charts import CollectiveChart, StepCommChart
 from .comm import ALGORITHMS, COLLECTIVES, LAYOUTS, collective_time
+from .layout import CHECKPOINTING, PRECISIONS, Layout, as_layout
 from .links import LINKS, fit_path
-from .memory_estimate import CHECKPOINTING, PRECISIONS, memory_per_device
+from .memory_estimate import memory_per_device
 from .models import PRESETS, Transformer
 from .pipeline import SCHEDULES, pipeline_schedule
 from .stepper import OPS, StepChart, ring_steps
@@ -40,26 +41,29 @@ def _links():
     return ([("your fit (notebook 08)", "fit")] if fit_path().exists() else []) + presets
 
 
-def memory(model="Llama-3 8B", dp=8, tp=1, pp=1, cp=1, ep=1, zero=1, precision="bf16-mixed",
-           checkpointing="selective", seq_len=4096, micro_batch=1) -> Calculator:
-    """Memory per device (`memory_per_device`), a control for each argument (``model``: a
-    preset's name); the text also says whether the peak fits in an 80 GB device."""
+def memory(model="Llama-3 8B", layout: Layout | None = None, **knobs) -> Calculator:
+    """Memory per device (`memory_per_device`) of ``model`` (a preset's name), starting at
+    ``layout`` (default ``Layout(dp=8)``: the one Layout's defaults, on 8 ranks) with
+    ``knobs`` changed, e.g. ``widgets.memory("Llama-3 70B", tp=8)``; a control for each size,
+    ZeRO, precision, checkpointing, sequence length and micro-batch. The text also says whether
+    the peak fits in an 80 GB device."""
+    start = as_layout(Layout(dp=8) if layout is None else layout, knobs, "widgets.memory")
     controls = {
         "model": dropdown(list(PRESETS), model, "model"),
-        "zero": dropdown(_ZERO, zero, "ZeRO stage"),
-        "precision": dropdown(list(PRECISIONS), precision, "precision"),
-        "dp": number(dp, "data parallel"),
-        "tp": number(tp, "tensor parallel"),
-        "pp": number(pp, "pipeline parallel"),
-        "cp": number(cp, "context parallel"),
-        "ep": number(ep, "expert parallel"),
-        "checkpointing": dropdown(list(CHECKPOINTING), checkpointing, "checkpointing"),
-        "seq_len": number(seq_len, "sequence length"),
-        "micro_batch": number(micro_batch, "micro-batch"),
+        "zero": dropdown(_ZERO, start.zero, "ZeRO stage"),
+        "precision": dropdown(list(PRECISIONS), start.precision, "precision"),
+        "dp": number(start.dp, "data parallel"),
+        "tp": number(start.tp, "tensor parallel"),
+        "pp": number(start.pp, "pipeline parallel"),
+        "cp": number(start.cp, "context parallel"),
+        "ep": number(start.ep, "expert parallel"),
+        "checkpointing": dropdown(list(CHECKPOINTING), start.checkpointing, "checkpointing"),
+        "seq_len": number(start.seq_len, "sequence length"),
+        "micro_batch": number(start.micro_batch, "micro-batch"),
     }
 
     def compute(**values):
-        est = memory_per_device(values.pop("model"), **values)
+        est = memory_per_device(values.pop("model"), start, **values)
         verdict = "fits" if est.fits() else "does not fit"
         return f"{est.text()}\nits peak {verdict} in an 80 GB device", est.chart()
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..bounds import limit_text
+from ..errors import InputError, InputTypeError
 from .hints import close, diagnose
 from .optimizers import KNOWN, Drift, differences
 from .recorder import Recorder
@@ -119,31 +120,31 @@ class Report:
 
 def _check_args(records, reference, atol, rtol) -> list:
     if isinstance(records, Recorder):
-        raise TypeError(
+        raise InputTypeError(
             "compare() takes one recording per rank (a list): e.g. the list distlab.launch "
             "returns when every rank returns its Recorder"
         )
     records = list(records)
     if not records:
-        raise ValueError("compare() needs at least one rank's recording; got an empty list")
+        raise InputError("compare() needs at least one rank's recording; got an empty list")
     for i, r in enumerate(records):
         if not isinstance(r, Recorder):
-            raise TypeError(
+            raise InputTypeError(
                 f"records[{i}] is a {type(r).__name__}, not a gradcheck.Recorder: return the "
                 "Recorder from every rank"
             )
         if not r.steps:
-            raise ValueError(f"records[{i}] recorded no step: call recorder.record(step, ...)")
+            raise InputError(f"records[{i}] recorded no step: call recorder.record(step, ...)")
     if not isinstance(reference, Recorder):
-        raise TypeError(
+        raise InputTypeError(
             "reference must be a Recorder, e.g. distlab.gpt.reference_run(config, steps=3); "
             f"got {type(reference).__name__}"
         )
     if not reference.steps:
-        raise ValueError("the reference recorded no step: call reference.record(step, ...)")
+        raise InputError("the reference recorded no step: call reference.record(step, ...)")
     for name, value in (("atol", atol), ("rtol", rtol)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+            raise InputError(f"{name} must be a number >= 0, got {value!r}")
     return records
 
 
@@ -188,7 +189,7 @@ def compare(records, reference, *, atol: float = 1e-8, rtol: float = 1e-3) -> Re
     steps = sorted(set().union(*(r.steps for r in records)))
     missing = [s for s in steps if s not in reference.steps]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"the ranks recorded step {missing[0]} but the reference has steps "
             f"{sorted(reference.steps)}: run the reference with steps={max(steps) + 1}"
         )

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._config import check_int
+from ..errors import InputError, InputTypeError
 from .optimizers import settings
 
 __all__ = ["Recorder", "Step", "clean_name"]
@@ -74,7 +75,7 @@ def _group_of(group, what: str):
     get_group = getattr(group, "get_group", None)
     if callable(get_group):  # a DeviceMesh
         if group.ndim != 1:
-            raise ValueError(
+            raise InputError(
                 f"{what} must be a 1-D DeviceMesh; slice it first, e.g. mesh['dp'], got a "
                 f"{group.ndim}-D mesh"
             )
@@ -183,17 +184,17 @@ class Recorder:
         """
         check_int(step, "step", low=0)
         if step in self.steps:
-            raise ValueError(f"step {step} was recorded already; record each step once")
+            raise InputError(f"step {step} was recorded already; record each step once")
         models = list(model) if isinstance(model, (list, tuple)) else [model]
         offsets = self.layer_offset
         offsets = list(offsets) if isinstance(offsets, (list, tuple)) else [offsets] * len(models)
         if len(offsets) != len(models):
-            raise ValueError(
+            raise InputError(
                 f"{len(models)} modules but {len(offsets)} layer offsets: give one per module"
             )
         for m in models:
             if not isinstance(m, torch.nn.Module):
-                raise TypeError(f"model must be a torch.nn.Module, got {type(m).__name__}")
+                raise InputTypeError(f"model must be a torch.nn.Module, got {type(m).__name__}")
         named = []  # (global name, parameter), in parameter order
         for m, offset in zip(models, offsets, strict=True):
             for name, p in m.named_parameters():
@@ -213,7 +214,7 @@ class Recorder:
     def _loss(self, loss):
         if loss is None:
             if self._average_loss:
-                raise ValueError(
+                raise InputError(
                     "loss is None but the recorder averages the loss over loss_group: every "
                     "rank of that group must pass its loss"
                 )
@@ -254,7 +255,7 @@ class Recorder:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if id(p) not in names:
-                    raise ValueError(
+                    raise InputError(
                         "the optimizer holds a parameter the model does not have (shape "
                         f"{tuple(p.shape)}): build the optimizer after fully_shard/DDP/"
                         "parallelize_module, from model.parameters(); those replace or wrap "

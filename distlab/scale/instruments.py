@@ -76,7 +76,7 @@ def moved_bytes(func, args, kwargs, out) -> int:
     tensor; an in-place op that returns nothing writes what its schema marks written (fused
     Adam's gradients only with a ``grad_scale``); for FSDP2's
     ``all_gather_copy_in``, the shards it copies into the buffer it makes for the all-gather."""
-    packet = func._overloadpacket
+    packet = func.overloadpacket
     if (func.is_view or packet in _FREE or packet in _FORMULAS
             or func.namespace in _NO_BYTES_NAMESPACES):
         return 0
@@ -99,7 +99,7 @@ def _written_in_place(func, args, kwargs) -> int:
     ``grad_scale`` to unscale them with."""
     written = [a for a, arg in zip(args, func._schema.arguments, strict=False)
                if arg.alias_info is not None and arg.alias_info.is_write]
-    if func._overloadpacket in _FUSED_ADAM and kwargs.get("grad_scale") is None:
+    if func.overloadpacket in _FUSED_ADAM and kwargs.get("grad_scale") is None:
         del written[1]  # (params, grads, exp_avgs, ...): the gradients, read only
     return _nbytes(written)
 
@@ -128,13 +128,13 @@ class LocalFlops(TorchDispatchMode):
             return NotImplemented
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        formula = _FORMULAS.get(func._overloadpacket)
+        formula = _FORMULAS.get(func.overloadpacket)
         if formula is not None:
-            self.counts[str(func._overloadpacket)] += int(formula(*args, **kwargs, out_val=out))
+            self.counts[str(func.overloadpacket)] += int(formula(*args, **kwargs, out_val=out))
         else:
             moved = moved_bytes(func, args, kwargs, out)
             if moved:
-                self.moved_by_op[str(func._overloadpacket)] += moved
+                self.moved_by_op[str(func.overloadpacket)] += moved
         return out
 
 
@@ -239,7 +239,7 @@ class Collectives(TorchDispatchMode):
             return NotImplemented
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        entry = _OPS.get(func.namespace, {}).get(func._overloadpacket.__name__)
+        entry = _OPS.get(func.namespace, {}).get(func.overloadpacket.__name__)
         if entry is not None:
             kind, which = entry
             axis, ranks = self._group(args, kwargs)

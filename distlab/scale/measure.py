@@ -32,9 +32,9 @@ from .replay import Recorder
 from .report import RankReport
 
 
-def measure_step(config, layout, stage, names, model, every_microbatch=False,
+def measure_step(config, layout, stage, names, module, every_microbatch=False,
                  real=False) -> RankReport:
-    """Run one step of ``model`` (pipeline rank ``stage`` of ``layout``, built by `plan_order`;
+    """Run one step of ``module`` (pipeline rank ``stage`` of ``layout``, built by `plan_order`;
     an ``nn.ModuleList`` of its stages when interleaved) under fake tensors and read the
     `RankReport` off it; ``names``: ``{group name: mesh axis}`` (`mesh.group_names`). A
     pipeline's step is measured with a few microbatches and replayed in its schedule's order
@@ -42,7 +42,7 @@ def measure_step(config, layout, stage, names, model, every_microbatch=False,
     ``real``: the same step with real tensors, on a rank of a real process group (`real_ranks`):
     the parameters get real memory and small random values instead of fake storage."""
     rank, dims = rank_of({"pp": stage}, layout.mesh_shape), layout.mesh_shape
-    chunks = list(model) if isinstance(model, torch.nn.ModuleList) else [model]
+    chunks = list(module) if isinstance(module, torch.nn.ModuleList) else [module]
     b, s = layout.micro_batch, layout.seq_len // layout.cp
     act_dtype = torch.bfloat16 if layout.precision == "bf16-fsdp2" else torch.float32
     flops, comms = LocalFlops(), Collectives(names)
@@ -50,16 +50,16 @@ def measure_step(config, layout, stage, names, model, every_microbatch=False,
     parallel_loss = last and layout.tp > 1 and layout.loss_parallel
     tensors = contextlib.nullcontext() if real else _torch_simulation.fake_tensors()
     with tensors, _torch_simulation.unseen_shape_propagation():
-        model.to_empty(device="cpu")
+        module.to_empty(device="cpu")
         if real:  # to_empty's memory holds anything: values a step can compute with
             with torch.no_grad():
-                for p in model.parameters():
+                for p in module.parameters():
                     _torch.local_tensor(p).normal_(0.0, 0.02)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-        _steady_state(model, optimizer)
+        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=True)
+        _steady_state(module, optimizer)
         tracker = _torch_simulation.rank_peak_tracker()
-        tracker.track_external(model, optimizer)
-        first_forward = _FirstForward(tracker, model)
+        tracker.track_external(module, optimizer)
+        first_forward = _FirstForward(tracker, module)
 
         def loss_fn(out, targets):
             loss = F.cross_entropy(out.flatten(0, 1).float(), targets.flatten())
@@ -72,14 +72,14 @@ def measure_step(config, layout, stage, names, model, every_microbatch=False,
         with tracker, flops, comms, _loss_parallel(parallel_loss), first_forward.hooks(chunks):
             replayed = None
             if layout.pp > 1:
-                step = PipelineStep(chunks, layout, stage, model.pp_group, config, act_dtype)
+                step = PipelineStep(chunks, layout, stage, module.pp_group, config, act_dtype)
                 microbatches = step.microbatches
                 order = step.order(loss_fn)  # the schedule built once: counted, then replayed
                 in_flight = pipeline_in_flight(order)
                 recorder = None if every_microbatch else Recorder(tracker, flops, comms)
                 replayed = step.run(loss_fn, recorder, order)
             else:
-                _accumulate(model, layout, config, loss_fn, first_forward)
+                _accumulate(module, layout, config, loss_fn, first_forward)
                 in_flight, microbatches = 1, layout.accumulate
             before_optimizer, moved_before = tracker.open_window(), Counter(flops.moved_by_op)
             home_before = tracker.home_window
@@ -98,11 +98,11 @@ def measure_step(config, layout, stage, names, model, every_microbatch=False,
             step_flops, calls, step_moved = replayed.flops, replayed.calls, replayed.moved
         # the caching allocator's pools: the side streams' blocks are not the default's
         side = sum(tracker.side_peaks.values())
-        numel, p_bytes, g_bytes, opt, steps = _state_bytes(model, optimizer)
+        numel, p_bytes, g_bytes, opt, steps = _state_bytes(module, optimizer)
     by_op = {op: n // microbatches for op, n in step_moved.most_common() if n >= microbatches}
     return RankReport(
         model=config, layout=layout, rank=rank, coords=coords_of(rank, dims), stage=stage,
-        layers=model.layer_ids, numel=numel, params=p_bytes, grads=g_bytes, optimizer=opt,
+        layers=module.layer_ids, numel=numel, params=p_bytes, grads=g_bytes, optimizer=opt,
         optimizer_other=steps, activations=first_forward.total, in_flight=in_flight,
         peak=peak, reserved=home_peak + side, side_streams=side,
         flops=step_flops // microbatches, tokens=b * s,

@@ -32,6 +32,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import InputError
+
 __all__ = ["ATTENTIONS", "Attention", "Experts", "FeedForward", "Llama", "MoE", "RMSNorm"]
 
 ATTENTIONS = ("sdpa", "written")
@@ -98,7 +100,7 @@ class Attention(nn.Module):
     def __init__(self, hidden: int, heads: int, kv_heads: int, attention: str = "sdpa"):
         super().__init__()
         if attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+            raise InputError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
         self.head_dim = hidden // heads
         self.wq = nn.Linear(hidden, heads * self.head_dim, bias=False)
         self.wk = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)

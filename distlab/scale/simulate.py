@@ -8,7 +8,7 @@ The pieces, each in its module: `mesh` (the device mesh and a rank's place on it
 MemTracker, DTensor's caches) is behind `distlab._torch_simulation`.
 
 Knows nothing about the calculators' formulas (it takes their model configs, from
-`calculators.models`): `compare` sets the two side by side.
+`calculators.models`, and its `Layout`): `calculator_check` sets the two side by side.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .._config import check_int
 from ..calculators._text import CalculatorError
 from ..calculators.models import Transformer, get_model, stage_layers
 from . import mesh as meshes
-from .layout import Layout
+from .layout import Layout, check_runnable
 from .measure import measure_step
 from .pipeline import chunk_indices
 from .plan_order import build_stage
@@ -111,16 +111,17 @@ def simulate_rank(model, layout: Layout, stage: int = 0, *,
 def _check(config, layout: Layout, stage: int) -> None:
     if not isinstance(config, Transformer):
         raise CalculatorError(f"the simulation lays out transformers; {config!r} is not one")
+    if not isinstance(layout, Layout):
+        raise CalculatorError(f"layout must be a scale.Layout (Layout(dp=8, tp=8)), got "
+                              f"{type(layout).__name__} {layout!r}")
     check_int(stage, "stage", low=0, high=layout.pp - 1, error=CalculatorError,
               message=f"stage must be 0 to {layout.pp - 1} (pp={layout.pp}), got {stage!r}")
-    config.check_tp(layout.tp)
+    check_runnable(layout)
+    layout.check(config)  # the layout's own check against the model, as the calculators'
     stage_layers(config.layers, layout.pp * layout.virtual_stages)  # says what would split
     if config.vocab % layout.tp:
         raise CalculatorError(f"tp={layout.tp} does not divide the vocabulary of {config.name} "
                               f"({config.vocab})")
-    if layout.ep > 1 and (config.experts == 1 or config.experts % layout.ep):
-        raise CalculatorError(f"ep={layout.ep}: {config.name} has {config.experts} expert(s); "
-                              "ep must divide them")
     tokens = layout.seq_len // layout.cp
     if layout.tp > 1 and layout.sequence_parallel and tokens % layout.tp:
         raise CalculatorError(f"sequence parallelism splits {tokens} tokens per rank over "

@@ -48,7 +48,7 @@ Chrome trace (`chrome`) and a picture (`drawing`), all reached through `Timeline
 
 from __future__ import annotations
 
-from ..errors import entry_point
+from ..errors import InputTypeError, entry_point
 from .recording import recording
 from .recording import run_recorded as _run_recorded
 from .recording import take_last as _take_last
@@ -95,7 +95,7 @@ def record(fn, *args, cluster=None, sync: bool = True, cuda: bool | None = None,
 
     _config.check_callable(fn, "timeline.record()")
     if not isinstance(sync, bool):
-        raise TypeError(f"sync must be True or False, got {sync!r}")
+        raise InputTypeError(f"sync must be True or False, got {sync!r}")
     options, fn_kwargs = split_options(kwargs)
     out = on_ranks(_run_recorded, (fn, args, fn_kwargs, sync, cuda), options, cluster=cluster)
     return Timeline([trace for _, trace in out], results=[value for value, _ in out])

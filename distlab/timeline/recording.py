@@ -15,6 +15,7 @@ import threading
 
 from .. import _torch
 from .._config import process_group_rank
+from ..errors import InputTypeError
 from .trace import SYNC, WAIT
 
 _active: _Recording | None = None  #: the recording running on this rank, if any
@@ -153,7 +154,7 @@ def recording(*, sync: bool = True, cuda: bool | None = None) -> _Recording:
             run the cell on every rank, or pass ``sync=False``).
     """
     if not isinstance(sync, bool):
-        raise TypeError(f"sync must be True or False, got {sync!r}")
+        raise InputTypeError(f"sync must be True or False, got {sync!r}")
     return _Recording(sync, cuda)
 
 

@@ -9,6 +9,7 @@ import os
 
 from .._chart import Chart
 from .._config import check_int
+from ..errors import InputError
 from . import chrome as _chrome
 from . import drawing as _drawing
 from . import metrics, trace
@@ -37,10 +38,10 @@ class Timeline(Chart):
     def __init__(self, traces, *, results=None):
         traces = list(traces)
         if not traces:
-            raise ValueError("a Timeline needs one trace per rank; got none")
+            raise InputError("a Timeline needs one trace per rank; got none")
         for r, t in enumerate(traces):
             if not isinstance(t, dict) or "events" not in t or "threads" not in t:
-                raise ValueError(
+                raise InputError(
                     f"trace {r} is not a distlab.timeline trace (a dict with 'events' and "
                     f"'threads', as recording().trace holds); got {type(t).__name__}"
                 )
@@ -63,7 +64,7 @@ class Timeline(Chart):
         start time. Raises ValueError for an unknown rank or kind."""
         rank = self._rank(rank)
         if kind is not None and kind not in ("label", "op", "comm", "kernel"):
-            raise ValueError(f"kind must be 'label', 'op', 'comm' or 'kernel', got {kind!r}")
+            raise InputError(f"kind must be 'label', 'op', 'comm' or 'kernel', got {kind!r}")
         return [e for e in self._events[rank] if kind is None or e.kind == kind]
 
     def names(self, rank: int, depth: int | None = 0) -> list[str]:
@@ -109,7 +110,7 @@ class Timeline(Chart):
         if device is None:
             return "cuda" if any(t.get("cuda") for t in self.traces) else "cpu"
         if device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+            raise InputError(f"device must be 'cpu' or 'cuda', got {device!r}")
         return device
 
     def _compute(self, rank: int, device: str) -> list[tuple[float, float]]:
