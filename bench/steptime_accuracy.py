@@ -142,12 +142,12 @@ RUNS = (
         marks=("compile", "Float8", "async TP"), modelled=False),
     Run("T5 405B 3D, interleaved v=2", TITAN, "500 W",
         dict(model="Llama-3 405B", tp=8, pp=8, dp=8, seq_len=8192, micro_batch=4,
-             microbatches=8, schedule="Interleaved1F1B", v=2, checkpointing="full",
+             microbatches=8, schedule="Interleaved1F1B", virtual_stages=2, checkpointing="full",
              hbm_bandwidth=H100_HBM2E, memory_bound="fused", async_tp=True), tps=128,
         memory="405B 3D, Interleaved1F1B (v=2)", marks=("compile", "Float8", "async TP"),
         modelled=False),
     *(Run(f"Table 4: {name}", PAPER, "700 W",
-          dict(model="Llama-3 405B", **_paper(name), schedule="Interleaved1F1B", v=8,
+          dict(model="Llama-3 405B", **_paper(name), schedule="Interleaved1F1B", virtual_stages=8,
                memory_bound="fused"), mfu=mfu)
       for name, _, mfu, _ in mfu_bench.PAPER),
     Run("course 1.5B, 1 H200", COURSE, "700 W",
@@ -268,7 +268,8 @@ def table(simulate_eager=simulate_eager, simulate=memory_bench.simulated,
             memory = course()
         ranges = {}
         if run.mfu:  # what the paper does not publish, as a range
-            errs = [time_error(run, predict_time(run, s, reports, v=v)) for v in (2, 4, 8)]
+            errs = [time_error(run, predict_time(run, s, reports, virtual_stages=v))
+                    for v in (2, 4, 8)]
             if run.name.endswith("8,192 GPUs, 8K"):
                 errs.append(time_error(run, predict_time(run, s, reports, microbatches=16,
                                                          micro_batch=2)))

@@ -144,7 +144,7 @@ def test_pipeline_sends_are_hidden_stage_by_stage():
     # sends' total less the rank's compute, whatever v (all 2v sends against one stage's compute
     # exposed 2v sends less compute / v, more for every extra stage)
     for v in (1, 2, 4):
-        layout = dict(PAPER_16K, schedule="Interleaved1F1B" if v > 1 else "1F1B", v=v)
+        layout = dict(PAPER_16K, schedule="Interleaved1F1B" if v > 1 else "1F1B", virtual_stages=v)
         crawl = Link("crawl", 1e-5, 1 / 2e8)
         t = step_time("Llama-3 405B", **layout, network=crawl, bandwidth="peak",
                       memory_bound="none")
