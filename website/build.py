@@ -60,6 +60,9 @@ def markdown(source: str) -> str:
     return MarkdownWithMath(renderer=_Renderer(escape=False)).render(source)
 
 
+_NOTEBOOK_LINK = re.compile(r"^(\d\d_\w+)\.ipynb(#.*)?$")
+
+
 class _Reader:
     """What a notebook's page holds, gathered while nbconvert renders it, cell by cell (no
     second pass over the whole page): its headings, with ids made unique on the page, for the
@@ -73,6 +76,8 @@ class _Reader:
 
     def markdown(self, source: str) -> str:
         soup = bs4.BeautifulSoup(markdown(source), "html.parser")
+        for a in soup.find_all("a", href=_NOTEBOOK_LINK):  # a link to another notebook: its page
+            a["href"] = _NOTEBOOK_LINK.sub(r"\1.html\2", a["href"])
         for child in soup.children:
             if not isinstance(child, bs4.Tag):
                 continue
