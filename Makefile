@@ -28,7 +28,7 @@ COMPAT := requirements/compat.txt
 # Extra pytest arguments, e.g.  make test PYTEST_ARGS="-k launch -x"
 PYTEST_ARGS ?=
 
-.PHONY: setup lab test test-spawn test-cpu-kernels test-latest test-torch test-previous notebooks lock \
+.PHONY: setup lab site test test-spawn test-cpu-kernels test-latest test-torch test-previous notebooks lock \
   lint clean
 
 setup: $(VENV)/.stamp-deps $(VENV)/.stamp-compat $(VENV)/.stamp-kernel $(VENV)/.stamp-browser
@@ -83,9 +83,16 @@ lock: $(VENV)/.stamp-torch
 
 # Loopback only: the server runs code for whoever reaches it.
 # Jupyter refuses to run as root (containers, cloud VMs) unless told it may.
+# `make lab NOTEBOOK=25_at_scale_on_a_laptop.ipynb` opens that notebook at once.
+NOTEBOOK ?=
 lab: setup
 	$(VPY) -m jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
-	  $$( [ "$$(id -u)" -eq 0 ] && echo --allow-root )
+	  $$( [ "$$(id -u)" -eq 0 ] && echo --allow-root ) $(if $(NOTEBOOK),notebooks/$(NOTEBOOK))
+
+# The course as a static website in site/ (open site/index.html), from the notebooks as stored:
+# nothing is run and nothing fetched (website/build.py; tests/test_site.py checks it in Chromium).
+site: $(VENV)/.stamp-deps
+	$(VPY) website/build.py --out site
 
 # Options live in pyproject.toml: unit tests plus every notebook re-run and compared (nbval),
 # then every notebook again on the spawn path (what a Mac runs: a fresh interpreter per rank).
