@@ -63,10 +63,6 @@ def test_one_layout_gives_one_answer_in_the_formulas_and_the_step_time_model(nam
 @pytest.mark.parametrize("name", FIVE)
 def test_one_layout_gives_one_answer_in_the_simulators_report(name, request):
     layout = FIVE[name]
-    if layout.virtual_stages > 1:  # torch 2.15's interleaved order has WAIT_SEND actions the
-        # replay does not take yet (scale/pipeline.py, being moved to torch 2.15)
-        request.applymarker(pytest.mark.xfail(raises=NotImplementedError, strict=False,
-                                              reason="torch 2.15's pipeline actions"))
     report = scale.simulate_rank(SMALL, layout)
     assert report.layout == layout and report.microbatches == layout.steps
     est = scale.calculator_for(report)

@@ -34,23 +34,16 @@ from . import forksafety, loopback, protocol, ship, start_path
 from .proc import RankProcess
 from .protocol import Began, Exit, RankSpec, Reply, Run, Started
 
-#: How long a stuck rank gets to report its stack before distlab asks faulthandler instead (on a
-#: quiet machine; stretched by `distlab._patience.patience` on a busy one).
-_STACK_WAIT = 1.5
-#: The process group's timeout is the learner's plus this: a collective that waits for a rank
-#: that never comes is then reported by distlab, with every rank's stack, before gloo gives up
-#: (with the same limit, which of the two came first would be a matter of luck).
+_STACK_WAIT = 1.5  #: how long a stuck rank gets to report its stack (then: faulthandler)
+#: The process group's timeout is the learner's plus this: a collective waiting for a rank that
+#: never comes is reported by distlab, with every rank's stack, before gloo gives up.
 PG_MARGIN = 3.0
-#: How long interrupted ranks get to stop. A rank running Python stops at once (KeyboardInterrupt
-#: at the next bytecode); one blocked in C++ (a collective's wait) never does, and is reported
-#: stuck when this runs out: ample for the first, not long to wait for the second.
+#: How long interrupted ranks get to stop: Python stops at the next bytecode; a rank blocked in
+#: C++ (a collective's wait) never does, and is reported stuck when this runs out.
 _INTERRUPT_WAIT = 1.0
-#: How long a dead rank's exit status may take to arrive. The fork server reports it between two
-#: of its warm-up imports (`forkserver_main.LATE_PRELOAD`, up to ~2.7 s each on a quiet machine):
-#: with a shorter wait a learner read "exit status unknown" instead of "exited with code 3".
+#: How long a dead rank's exit status may take (the fork server reports it between warm-up
+#: imports). These waits suit a quiet machine; `_patience.patience` stretches them on a busy one.
 _EXIT_WAIT = 5.0
-#: (Every wait above is for a quiet machine; each is stretched by `distlab._patience.patience`
-#: on a busy one. The learner's own timeouts are not.)
 
 
 @dataclass
