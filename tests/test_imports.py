@@ -114,7 +114,7 @@ _SIMULATING = tuple(_S + m for m in ("simulate", "mesh", "measure", "plan_order"
 KNOWS_NOTHING = {
     ("distlab._torch", "ranks, notebooks or the learner"): (
         "distlab._ranks", "distlab.exercises", "distlab.launcher", "distlab.cluster",
-        "distlab.magic", "distlab.errors"),
+        "distlab.magic"),  # (distlab.errors, a leaf, is the one way every module refuses input)
     ("distlab._ranks.starter", "which path is taken"): (
         "distlab._ranks.start_path", "distlab._ranks.forkserver", "distlab._ranks.spawn",
         "distlab._ranks.forkserver_main", "distlab._ranks.forksafety"),
@@ -147,7 +147,6 @@ KNOWS_NOTHING = {
                                                       _C + "activation_terms"),
     (_S + "instruments", "models or layouts"): (_S + "model", _S + "layout",
                                                 _C + "models"),
-    (_S + "layout", "models beyond their sizes"): (_S + "model", _S + "plans"),
     (_S + "replay", "models or layouts"): (_S + "model", _S + "layout", _S + "plans",
                                              _S + "plan_order", "distlab.calculators"),
     (_S + "pipeline", "how a stage is built or what is read off it"): (

@@ -14,7 +14,7 @@ from outermost to innermost, ``pp``, ``replicate``, ``dp``, ``cp``, ``tp`` (tens
 innermost: inside a node, on NVLink), as torchtitan orders them. Expert parallelism borrows
 ``ep`` of the ``dp`` ranks (the ``dp`` dimension is then ``dp / ep`` x ``ep``).
 
-Knows nothing about a model beyond what `Layout.check` asks of it (heads, layers, experts);
+Asks of a model only what `Layout.check` needs (heads, layers, experts);
 what each tool can run beyond the layout (the simulator runs FSDP2: ZeRO 0 or 3, "bf16-fsdp2"
 or "fp32") the tool checks itself.
 """
@@ -28,6 +28,11 @@ from .._config import check_int
 from ._text import CalculatorError, choice, divisors, one_of
 from .activation_terms import IMPLEMENTATIONS, LOSSES
 from .pipeline import SCHEDULES
+
+#: `memory_estimate.memory_per_device`, which registers itself here when it is imported (the
+#: package imports it before anyone can hold a Layout): the formulas read a Layout, so this
+#: module must not import them back (one-way imports, tests/test_imports.py).
+_MEMORY_PER_DEVICE: list = []
 
 __all__ = ["ACTIVATION_BYTES", "ATTENTIONS", "CHECKPOINTING", "IMPLEMENTATIONS", "LOSSES",
            "PRECISIONS", "SCHEDULES", "ZERO", "Layout", "as_layout"]
@@ -222,9 +227,7 @@ class Layout:
 
     def memory(self, model, stage: int = 0):
         """`memory_per_device` of ``model`` on pipeline ``stage`` of this layout."""
-        from .memory_estimate import memory_per_device
-
-        return memory_per_device(model, self, stage=stage)
+        return _MEMORY_PER_DEVICE[0](model, self, stage=stage)
 
     def replace(self, **changes) -> Layout:
         """This layout with some knobs changed (checked again), e.g. ``layout.replace(zero=0)``."""

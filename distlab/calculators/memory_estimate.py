@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 
 from .._config import check_int
 from . import fsdp_units, interleaved
+from . import layout as _layout
 from ._text import GB, CalculatorError, Printed
 from .activation_terms import IMPLEMENTATIONS, LOSSES, llama_terms, loss_transient
 from .layout import (
@@ -449,3 +450,6 @@ def _activation_terms(m, *, tp, pp, cp, ep, seq_len, micro_batch, checkpointing,
     scale = 2 if precision == "fp32" else 1  # the paper counts 2-byte activations
     return [("Korthikanti et al.'s count of a GPT layer (with dropout)",
              layers * per_layer * scale)]
+
+
+_layout._MEMORY_PER_DEVICE[:] = [memory_per_device]  # Layout.memory's formulas (see there)
