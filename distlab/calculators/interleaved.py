@@ -48,6 +48,10 @@ def peak(est, sharded_grads: bool = True) -> int:
     p, parts = est.pp, est.chunks
     order = _interleaved(est.stage, p, est.layout.steps, est.virtual_stages)
     last_b = {stage // p: i for i, (kind, stage, _) in enumerate(order) if kind == "B"}
+    # each stage's share of the rank's sharded gradients, in proportion to its unsharded ones
+    # (the rank's whole shard, est.grads, as FSDP2 pads and shards it)
+    unsharded = sum(c.unsharded_grads for c in parts) or 1
+    shard = [est.grads * c.unsharded_grads // unsharded for c in parts]
     started, backward = set(), set()
     activations = most = 0
     base = est.params + est.optimizer + est.buffers
@@ -64,7 +68,7 @@ def peak(est, sharded_grads: bool = True) -> int:
         grads = est.grads if sharded_grads else 0
         if est.unsharded_grads:  # a finished stage holds its own shard of the gradients
             grads = (sum(parts[k].unsharded_grads for k in backward - done)
-                     + sharded_grads * sum(parts[k].grads for k in done))
+                     + sharded_grads * sum(shard[k] for k in done))
         now = base + gathered + grads + activations
         if kind == "F":
             most = max(most, now + chunk.loss_transient)
