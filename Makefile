@@ -109,8 +109,8 @@ test: setup
 
 # The notebooks as a Mac runs them (DISTLAB_START_METHOD=spawn: a fresh interpreter per rank),
 # compared strictly too. `make test-spawn` runs all of them (about 12 minutes on 2 cores: every
-# rank imports torch anew). `make test` runs the five that cover every spawn-path behaviour, so
-# that it stays under 20 minutes (a clean clone: 17m18s with seven, about 16 with five):
+# rank imports torch anew). `make test` runs the five that cover every spawn-path behaviour
+# (about 2 minutes):
 # launches and hangs with short timeouts (00, 02), RPC (12), debugging stuck ranks (18), a 4-rank
 # cluster with DTensor, FSDP and DCP (24). (11's hangs are 00's and 02's kind, 14's DTensor and
 # FSDP are in 24; 25 runs its simulated ranks in the kernel, where the start method plays no
