@@ -18,8 +18,11 @@ import os
 import random
 from fractions import Fraction
 
+from .._patience import patience
+
 #: Seconds a learner's function may run in a check before it is called a hang: ample for the
-#: exercises' tiny tensors on a busy laptop, short enough to wait for.
+#: exercises' tiny tensors on a quiet laptop, short enough to wait for; stretched by the load
+#: (`_patience.patience`), as a fresh interpreter per rank on a busy Mac needs.
 HANG = 5.0
 
 
@@ -304,10 +307,12 @@ def run(fn, *args, world_size: int = 2, cluster=None, timeout: float = HANG, **k
     rank's shared state (the default dtype, patched classes: `restored`) is put back after it.
     Raises what `distlab.launch` raises (`distlab.check` turns each into a verdict)."""
     if cluster is not None:
-        return cluster.run(restoring, fn, *args, timeout=timeout, _record=False, **kwargs)
+        return cluster.run(restoring, fn, *args, timeout=patience(timeout), _record=False,
+                           **kwargs)
     from ..launcher import launch
 
-    return launch(restoring, fn, *args, world_size=world_size, timeout=timeout, **kwargs)
+    return launch(restoring, fn, *args, world_size=world_size, timeout=patience(timeout),
+                  **kwargs)
 
 
 def collectives(fn, *args, world_size: int = 2, cluster=None, timeout: float = HANG, **kwargs):
@@ -317,7 +322,7 @@ def collectives(fn, *args, world_size: int = 2, cluster=None, timeout: float = H
     from ..timeline import metrics, record
 
     where = {"cluster": cluster} if cluster is not None else {"world_size": world_size}
-    tl = record(restoring, fn, *args, timeout=timeout, sync=False, **where, **kwargs)
+    tl = record(restoring, fn, *args, timeout=patience(timeout), sync=False, **where, **kwargs)
     calls = [[e.name for e in metrics.calls(tl.events(r))] for r in range(tl.world_size)]
     return tl.results, calls
 
