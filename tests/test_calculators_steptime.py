@@ -157,18 +157,37 @@ def test_pipeline_sends_are_hidden_stage_by_stage():
         assert next(x for x in fast.terms if x.what.startswith("PP")).exposed == 0
 
 
-def test_sustained_slows_every_kernel_alike_and_no_link():
+def test_sustained_slows_the_sms_kernels_not_the_hbms_nor_any_link():
     layout = dict(tp=8, dp=16, seq_len=8192)
     full, half = (step_time("Llama-3 70B", **layout, sustained=x) for x in (1.0, 0.5))
     by = {t.what: t for t in full.terms}
-    for t in half.terms:  # kernels take twice as long; collectives as long as before
+    assert {t.what for t in half.terms} == set(by) >= {"memory-bound kernels",
+                                                       "FSDP copies, optimizer step"}
+    for t in half.terms:  # matmuls and attention take twice as long; a power cap lowers the
+        # SMs' clock, not the memory's: bytes stream at the HBM's rate; links as before
         ratio = t.seconds / by[t.what].seconds
-        expected = 1 if t.what.startswith(("TP", "FSDP gather")) else 2
+        expected = 2 if t.what.startswith("compute") else 1
         assert ratio == pytest.approx(expected, rel=1e-12), t.what
     assert "sustained" in half.terms[0].how and "sustained" in " ".join(half.assumptions)
     for bad in (0, 1.2, -0.5):
         with pytest.raises(CalculatorError, match="sustained"):
             step_time("Llama-3 70B", **layout, sustained=bad)
+
+
+def test_recomputation_runs_the_tp_collectives_it_does_not_save_again():
+    # per layer and microbatch: 2 all-gathers and 2 reduce-scatters forward, as many backward;
+    # "full" runs the forward's again, torchtitan's op-level policies its all-gathers only
+    # (their save list keeps the reduce-scatters' outputs), Megatron's "selective" neither
+    act = 8192 * PRESETS["Llama-3 70B"].hidden * 2
+    link = LINKS[NVLINK].measured()
+    gather, scatter = (collective_time(k, act, 8, link).seconds
+                       for k in ("all_gather", "reduce_scatter"))
+    for checkpointing, gathers, scatters in (("none", 4, 4), ("selective", 4, 4),
+                                             ("op-selective", 6, 4),
+                                             ("op-selective-alternate", 6, 4), ("full", 6, 6)):
+        t = step_time("Llama-3 70B", tp=8, dp=16, seq_len=8192, checkpointing=checkpointing)
+        expected = 80 * (gathers * gather + scatters * scatter)
+        assert _tp_term(t).seconds == pytest.approx(expected, rel=1e-12), checkpointing
 
 
 def test_measured_bandwidth_is_used_when_asked_and_says_so():

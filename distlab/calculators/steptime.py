@@ -47,11 +47,17 @@ Compute, per microbatch, on the slowest pipeline stage (`models.stage_layers`):
   (scaled to the slowest stage's layers) and ``report.optimizer_moved`` per step
   (`distlab.scale.instruments.moved_bytes`); needs ``report``. "none": not timed.
 
-Sustained: the rates above are each kernel's own, timed alone. A training job sustains less
-(power caps, SMs shared with NCCL, launch gaps, kernels below the HBM's peak): ``sustained``, one
-share applied to the matmuls', attention's and the memory-bound kernels' rates alike (default 1,
-none lost), taken from measured runs by `bench/steptime_accuracy.py` (its calibration rows
-declared there, every other row validation).
+Sustained: the rates above are each kernel's own, timed alone. A training job's SMs sustain
+less (power caps, SMs shared with NCCL, launch gaps): ``sustained``, one share applied to the
+matmuls' and attention's FLOP/s (default 1, none lost), taken from measured runs by
+`bench/steptime_accuracy.py` (its calibration rows declared there, every other row
+validation). **Not to the memory-bound kernels**: a power cap lowers the SMs' clock, not the
+memory's (NVML's SwPowerCap reason: "SW Power Scaling algorithm is reducing the clocks below
+requested clocks", the graphics clocks that `nvidia-smi -q -d CLOCK` shows falling; Chips and
+Cheese, "Nvidia's H100: Funny L2, and Tons of Bandwidth", 2023, measuring an H100 at its power
+limit: "Memory Clock (Does not change under load)"), and a kernel that streams bytes runs at
+the HBM's rate. They stay at ``hbm_bandwidth``, the peak: a floor for the bytes counted (what they
+lose below it, launch gaps among them, the calibration puts on the SMs' share).
 
 Communication: each collective's time is `comm.collective_time` (alpha-beta, ring) over a link,
 at the bandwidth NCCL measures (``bandwidth="measured"``, `Link.measured`) or the link's peak
@@ -59,7 +65,13 @@ at the bandwidth NCCL measures (``bandwidth="measured"``, `Link.measured`) or th
 bandwidth term of `comm`: the two plug together. With sequence parallelism:
 - TP (NVLink, inside a node): per layer 2 all-gathers and 2 reduce-scatters of the microbatch's
   activations forward, the same backward: **exposed** (each feeds the next matmul), unless
-  ``async_tp`` (then hidden behind the matmuls, the excess exposed).
+  ``async_tp`` (then hidden behind the matmuls, the excess exposed). Recomputation runs the
+  forward's collectives again: "full" both kinds; torchtitan's op-level policies ("op-selective",
+  "op-selective-alternate") the all-gathers only, since their save list keeps the
+  reduce-scatters' outputs and not the all-gathers' (`_save_list` in torchtitan's
+  parallelize_llama.py, 2024-12, now `torchtitan/distributed/activation_checkpoint.py`:
+  "Communication ops whose outputs should be saved to avoid re-communication", a list with
+  reduce_scatter_tensor and no all-gather).
 - CP (the network): per layer an all-gather of K and V forward, a reduce-scatter of their
   gradients backward (Llama 3's all-gather context parallelism): **exposed**.
 - PP (the network): one send of a stage's output forward and of its gradient backward per
@@ -318,15 +330,15 @@ def step_time(model, layout: Layout | None = None, *, matmul_efficiency=MATMUL_E
         report: optional `distlab.scale.RankReport`: its recorded TP and CP collectives are
             timed instead of the formulas, and with ``memory_bound="eager"`` the bytes its
             memory-bound ops moved.
-        sustained: the share of each kernel's own rate that a training job sustains (default
-            1: nothing lost): the matmuls' and attention's FLOP/s and the memory-bound kernels'
-            bytes/s are all multiplied by it. What a job loses that a kernel timed alone does
-            not: power (torchtitan's H100s ran at 500 W; MAMF is measured at 700 W), SMs shared
-            with NCCL's kernels while collectives overlap, clocks lowered under heat, launch
-            gaps and synchronisation between kernels, kernels below the HBM's peak. Not the
-            links (their NCCL-measured busbw is already sustained). Taken from measured runs:
-            `bench/steptime_accuracy.py` declares its calibration rows and checks the value on
-            the others.
+        sustained: the share of the matmuls' and attention's own FLOP/s that a training job's
+            SMs sustain (default 1: nothing lost). What a job loses that a kernel timed alone
+            does not: power (torchtitan's H100s ran at 500 W; MAMF is measured at 700 W), SMs
+            shared with NCCL's kernels while collectives overlap, clocks lowered under heat,
+            launch gaps and synchronisation between kernels. Not the memory-bound kernels (a
+            power cap lowers the SMs' clock, not the HBM's: they stay at ``hbm_bandwidth``),
+            not the links (their NCCL-measured busbw is already sustained). Taken from measured
+            runs: `bench/steptime_accuracy.py` declares its calibration rows and checks the
+            value on the others.
 
     Returns:
         A `StepTime`.
@@ -385,7 +397,8 @@ def step_time(model, layout: Layout | None = None, *, matmul_efficiency=MATMUL_E
     out_f = 2 * m.hidden * -(-m.vocab // tp) * s_q
     matmul_s = peak_flops * matmul_efficiency * sustained
     attn_s = peak_flops * attention_efficiency * sustained
-    hbm = hbm_bandwidth * sustained  # what the memory-bound kernels sustain in the job
+    # the HBM's own clock: a power cap lowers the SMs', not the memory's (see the module)
+    hbm = hbm_bandwidth
     re_mm, re_at = _RECOMPUTE[checkpointing]
     layer_fwd = matmul_f / matmul_s + attn_f / attn_s
     layer_bwd = ((2 + float(re_mm)) * matmul_f / matmul_s
@@ -408,7 +421,8 @@ def step_time(model, layout: Layout | None = None, *, matmul_efficiency=MATMUL_E
         tp_calls = [(k, n, b, layers / rl) for k, n, b in _report_calls(report, "tp")]
         cp_calls = [(k, n, b, layers / rl) for k, n, b in _report_calls(report, "cp")]
     else:
-        tp_calls = [] if tp == 1 else [("all_gather", tp, act, (4 + 2 * redo) * layers),
+        regather = redo or checkpointing.startswith("op-selective")  # not saved: run again
+        tp_calls = [] if tp == 1 else [("all_gather", tp, act, (4 + 2 * regather) * layers),
                                        ("reduce_scatter", tp, act, (4 + 2 * redo) * layers)]
         kv = 2 * micro_batch * seq_len * (m.kv_heads // tp) * hd * 2  # K and V, bf16
         cp_calls = [] if cp == 1 else [("all_gather", cp, kv, (1 + redo) * layers),
@@ -475,7 +489,8 @@ def step_time(model, layout: Layout | None = None, *, matmul_efficiency=MATMUL_E
         f", {schedule}" + (f" v={v}" if v > 1 else "") if pp > 1 else "")
     assumptions = (
         f"matmuls at {matmul_efficiency:.1%} of {peak_flops / 1e12:.0f} TFLOP/s",
-        *((f"kernels at {sustained:.1%} of their own rate (sustained in the job)",)
+        *((f"matmuls and attention at {sustained:.1%} of their own rate (sustained in the "
+            "job)",)
           if sustained != 1 else ()),
         f"links at their {'NCCL-measured busbw' if bandwidth == 'measured' else 'peak'} "
         f"({fast.bandwidth / 1e9:.0f} and {slow.bandwidth / 1e9:.0f} GB/s)",
