@@ -10,11 +10,14 @@ the peak of allocated bytes where the measurement is that), time by the step-tim
 
 **The calibration, declared before any fit was looked at.** Two inputs are taken from measured
 runs; nothing else is fitted:
-- ``sustained`` (`step_time`'s input): the share of each kernel's own rate (the matmuls'
-  measured MAMF, the HBM's peak) that a training job sustains. It stands for power first of
-  all (a 500 W H100 runs its tensor cores slower than the 700 W part MAMF was measured on),
-  then SMs shared with NCCL, launch gaps and kernels below the HBM's peak. Power differs by
-  GPU, so the share is taken once per power limit, from **one row each** (`CALIBRATION`):
+- ``sustained`` (`step_time`'s input): the share of the matmuls' and attention's own rate
+  (the measured MAMF) that a training job's SMs sustain. It stands for power first of all (a
+  500 W H100 runs its tensor cores slower than the 700 W part MAMF was measured on), then SMs
+  shared with NCCL and launch gaps. The memory-bound kernels are not scaled by it: a power cap
+  lowers the SMs' clock, not the HBM's (`step_time`'s module cites NVML and a measurement), so
+  they run at the HBM's peak, a floor, and what they lose below it lands in this share. Power
+  differs by GPU, so the share is taken once per power limit, from **one row each**
+  (`CALIBRATION`):
   * 500 W: torchtitan's Table 1, Llama 3.1 8B on FSDP 8, PyTorch eager. Why this row: every
     input is published (one node, NVLink only, no pipeline schedule or microbatch size to
     guess), nothing in it is outside the model (bf16, no compile, no Float8, no async TP), and
@@ -300,8 +303,8 @@ def main() -> None:
     print("Predicted against measured: the step-time model (time) and simulated ranks "
           "(memory)")
     for power, name in CALIBRATION.items():
-        print(f"  sustained ({power}): {out['sustained'][power]:.3f} of each kernel's own "
-              f"rate, from {name}")
+        print(f"  sustained ({power}): {out['sustained'][power]:.3f} of the matmuls' and "
+              f"attention's own rate, from {name}")
     print(f"  allocator reserve over the simulated floor: {out['reserve']:+.1%}, from "
           f"{CALIBRATION['500 W']}\n")
     head = (f"  {'run':<40}{'as run; kernels timed':<33}{'pred s':>9}{'meas s':>9}{'time':>9}"

@@ -99,24 +99,31 @@ def test_what_the_table_gets_right_and_where_it_is_off(reports):
     # from them where full recomputation is modelled (70B: 13%), so that one is not asserted
     assert out["stats"]["memory"][0] <= bench.MEMORY_BAND
     assert out["stats"]["memory"][2] == 2  # T3 8B FSDP 128 and the course's H200 step
-    # time: the eager row it was not calibrated on, and the paper's rows at the 700 W share
-    # taken from the course's own H200 step, within 11%
+    # time: the eager row it was not calibrated on within 5%; the compiled rows (fused
+    # kernels, the SMs at the share the eager row gave) within 10%; the paper's rows at the
+    # 700 W share taken from the course's own H200 step within 10%, inside their ranges
     assert abs(lines["T3 8B FSDP 128"].time_err) < 0.05
+    for name in ("T1 8B FSDP 8 + compile", "T3 8B FSDP 128 + compile",
+                 "70B FSDP 32 x TP 8, bf16"):
+        assert abs(lines[name].time_err) < bench.TIME_BAND, name
     for name in [n for n in lines if n.startswith("Table 4")]:
-        assert abs(lines[name].time_err) < 0.11, name
+        assert abs(lines[name].time_err) < bench.TIME_BAND, name
         low, high = lines[name].ranges["time"]
         assert low <= lines[name].time_err <= high  # the point estimate inside its range
-    # where it is off, it is off one way: faster than measured with compile (its fused count
-    # is more than torchtitan's compile won) and most with async TP (taken as fully hidden)
-    for name, x in lines.items():
-        if x.run.modelled and "compile" in x.run.marks:
-            assert x.time_err < -0.1, name
-    assert lines["8B FSDP 8 x TP 8, bf16 + async TP"].time_err < lines[
-        "8B FSDP 8 x TP 8, bf16"].time_err
-    median, worst, n = out["stats"]["time"]
-    assert bench.TIME_BAND < median < 0.15 and worst < 0.45  # the band is not met (yet)
+    # where it is off, it is off one way: too fast with TP at 8B, most with async TP (taken as
+    # hiding TP's collectives whole, where it won 9-10% measured): the 8B async-TP row is the
+    # worst
+    for name in ("8B FSDP 8 x TP 8, bf16", "70B FSDP 32 x TP 8, bf16 + async TP"):
+        assert -0.2 < lines[name].time_err < -0.1, name
+    worst = lines["8B FSDP 8 x TP 8, bf16 + async TP"]
+    assert -0.4 < worst.time_err < -0.3
+    median, most, n = out["stats"]["time"]
+    assert most == abs(worst.time_err)
+    # the band is met at the median, with the calibration declared before: planting the power
+    # cap's share on the memory-bound kernels too (the old physics) gives 13.9%
+    assert 0.05 < median <= bench.TIME_BAND
     # the numbers notebook 25 quotes: the shares, and compile's gain measured and predicted
-    assert [round(out["sustained"][p], 2) for p in ("500 W", "700 W")] == [0.69, 0.73]
+    assert [round(out["sustained"][p], 2) for p in ("500 W", "700 W")] == [0.58, 0.62]
     eager, compiled = lines["T1 8B FSDP 8"], lines["T1 8B FSDP 8 + compile"]
     assert round(100 * (compiled.run.tps / eager.run.tps - 1)) == 16
-    assert round(100 * (eager.t.seconds / compiled.t.seconds - 1)) == 38
+    assert round(100 * (eager.t.seconds / compiled.t.seconds - 1)) == 23
