@@ -140,7 +140,7 @@ def lay_out(model, layout: Layout, stages=None, *, processes: int = 1,
     if processes == 1:
         reports = [simulate_rank(config, layout, stage) for stage in stages]
     else:
-        from .. import launch
+        from ..launcher import launch
 
         parts = launch(_simulate, config, layout, stages, processes, world_size=processes,
                        backend=None, timeout=timeout, threads=1)
