@@ -299,12 +299,29 @@ def _dotted(node) -> list[str] | None:
     return None
 
 
+#: Private attributes of torch's objects (not modules), which no name bound to torch leads to:
+#: an op as ``__torch_dispatch__`` gets it, a DTensor, a module FSDP wrapped. Reading one of these
+#: on anything, outside the door, counts as reaching torch's private code.
+TORCH_PRIVATE_ATTRIBUTES = {
+    "_schema": "OpOverload's schema (the door: _torch_dispatch.writes)",
+    "_overloadpacket": "OpOverload's packet (public: .overloadpacket)",
+    "_op": "OpOverload's C++ op",
+    "_local_tensor": "DTensor's shard (public: .to_local())",
+    "_spec": "DTensor's placement spec (public: .placements, .device_mesh)",
+    "_checkpoint_wrapped_module": "checkpoint_wrapper's module",
+    "_get_ddp_logging_data": "DDP's logging data",
+}
+
+
 def _private_torch_uses(tree: ast.Module) -> list[str]:
-    """torch's private modules imported, and private torch attributes reached through a name
-    bound to torch (``torch._C.Future``, ``dist.distributed_c10d._resolve_process_group``)."""
+    """torch's private modules imported, private torch attributes reached through a name
+    bound to torch (``torch._C.Future``, ``dist.distributed_c10d._resolve_process_group``), and
+    `TORCH_PRIVATE_ATTRIBUTES` read on anything (``func._schema``, as ``?._schema``)."""
     uses = set()
     names = _torch_names(tree)
     for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in TORCH_PRIVATE_ATTRIBUTES:
+            uses.add(f"?.{node.attr}")
         if isinstance(node, ast.Import):
             uses.update(_private(a.name) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -330,8 +347,11 @@ def test_the_private_torch_finder_sees_imports_and_attributes():
         "from torch.utils._pytree import tree_leaves\n"
         "def f():\n"
         "    from torch.distributed.tensor import DTensor, _redistribute\n"
-        "    return torch._C.Future, dist.distributed_c10d._x(), torch.ones, DTensor._op\n")
+        "    return torch._C.Future, dist.distributed_c10d._x(), torch.ones, DTensor._op\n"
+        "def g(func, args):\n"
+        "    return func._schema.arguments, func.overloadpacket, func._overloadpacket, args._x\n")
     assert _private_torch_uses(tree) == [
+        "?._op", "?._overloadpacket", "?._schema",
         "torch._C", "torch.distributed.distributed_c10d._x", "torch.distributed.tensor.DTensor._op",
         "torch.distributed.tensor._redistribute", "torch.utils._pytree"]
 
