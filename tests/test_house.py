@@ -1,6 +1,7 @@
 """The house's rooms stay small: no module of distlab over 600 lines, no function of the
 calculators or the simulator (`distlab.calculators`, `distlab.scale`) over 80 (docstring
-included), and docstrings that name a sibling module name one that exists."""
+included), docstrings that name a sibling module name one that exists, and no two classes
+of distlab share a name."""
 
 from __future__ import annotations
 
@@ -60,3 +61,32 @@ def test_a_sibling_module_a_docstring_names_exists():
             if name not in siblings:
                 wrong.append(f"{path.relative_to(PACKAGE)} names module {name!r}")
     assert not wrong, wrong
+
+
+#: Class names two modules define, each with why a reader is not misled.
+SAME_NAME = {
+    # the layers of two models, each with its model (the tiny GPT's and the simulated Llama's),
+    # as every model file in torchtitan or transformers has its own Attention
+    "Attention": ("distlab.gpt", "distlab.scale.model"),
+    "Block": ("distlab.gpt", "distlab.scale.model"),
+}
+
+
+def _classes() -> dict[str, list[str]]:
+    """class name -> the modules of distlab that define it (``distlab.timeline.metrics``)."""
+    found: dict[str, list[str]] = {}
+    for path in _modules():
+        parts = ("distlab", *path.relative_to(PACKAGE).with_suffix("").parts)
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(module)
+    return found
+
+
+@pytest.mark.quick
+def test_no_two_classes_of_distlab_share_a_name():
+    twice = {name: tuple(sorted(where)) for name, where in _classes().items()
+             if len(where) > 1 and SAME_NAME.get(name) != tuple(sorted(where))}
+    assert not twice, (
+        f"classes with one name in two places (name each for what it is): {twice}")

@@ -28,7 +28,7 @@ from .instruments import Collectives, LocalFlops
 from .mesh import coords_of, rank_of
 from .pipeline import PipelineStep
 from .pipeline import in_flight as pipeline_in_flight
-from .replay import Recorder
+from .replay import PartRecorder
 from .report import RankReport
 
 
@@ -76,7 +76,7 @@ def measure_step(config, layout, stage, names, module, every_microbatch=False,
                 microbatches = step.microbatches
                 order = step.order(loss_fn)  # the schedule built once: counted, then replayed
                 in_flight = pipeline_in_flight(order)
-                recorder = None if every_microbatch else Recorder(tracker, flops, comms)
+                recorder = None if every_microbatch else PartRecorder(tracker, flops, comms)
                 replayed = step.run(loss_fn, recorder, order)
             else:
                 _accumulate(module, layout, config, loss_fn, first_forward)
