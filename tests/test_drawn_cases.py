@@ -124,8 +124,8 @@ def test_nb25s_truth_is_what_fsdp2_allocates_on_a_simulated_rank(tp, pp, dp, sta
     from distlab import scale
 
     layout = scale.Layout(dp=dp, tp=tp, pp=pp, seq_len=8192)
-    with scale.simulated("Llama-3 405B", layout, stage=stage) as (model, _):
-        held = sum(p.to_local().numel() for p in model.parameters())
+    with scale.simulated("Llama-3 405B", layout, stage=stage) as (module, _):
+        held = sum(p.to_local().numel() for p in module.parameters())
     assert nb25.held(stage, tp, pp, dp) == held
 
 

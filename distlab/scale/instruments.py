@@ -151,12 +151,6 @@ class CollectiveCall:
     nbytes: int
 
     @property
-    def dim(self) -> str:
-        """The old name of ``axis`` (notebooks 25 and 26 read it): the mesh axis, not a tensor
-        dimension. Use ``axis``."""
-        return self.axis
-
-    @property
     def sent(self) -> float:
         """Bytes each rank sends with a ring (``(N-1)/N S``, all_reduce twice that)."""
         n = self.ranks
