@@ -48,7 +48,7 @@ def predict(config=None, batch_size: int = 8, seq_len: int | None = None, *,
     Raises:
         ValueError: ``batch_size``, ``seq_len`` or ``tp`` not an int >= 1, ``seq_len`` longer
             than ``config.seq_len``; ``sdpa=True`` or ``tp > 1`` with dropout (not predicted);
-            ``n_heads``, the MLP width or ``vocab`` not divisible by ``tp``;
+            ``heads``, the MLP width or ``vocab`` not divisible by ``tp``;
             ``sequence_parallel`` without ``tp > 1``, or ``seq_len`` not divisible by ``tp``.
     """
     from ..gpt import Config
