@@ -230,3 +230,17 @@ def test_reference_run_steps_with_the_learning_rate_it_is_given():
     for name in ("tok.weight", "layers.1.mlp.w2.weight", "head.weight"):
         want = init[name].detach() - 0.25 * step.grads[name]
         torch.testing.assert_close(step.params[name], want, rtol=0, atol=1e-7)
+
+
+@pytest.mark.quick
+def test_the_tiny_gpt_and_the_calculators_name_a_models_shape_alike():
+    """One vocabulary for a model's shape: `gpt.Config` speaks `calculators.Transformer`'s words
+    (``hidden`` the width, ``intermediate`` the MLP's, ``layers``, ``heads``, ``tied``)."""
+    from distlab.calculators import PRESETS
+
+    words = ("vocab", "hidden", "intermediate", "layers", "heads", "tied")
+    tiny, llama = gpt.Config(), PRESETS["Llama-3 8B"]
+    assert [getattr(tiny, w) for w in words] == [64, 32, 128, 2, 4, False]
+    assert all(isinstance(getattr(llama, w), type(getattr(tiny, w))) for w in words)
+    layer = gpt.GPT(tiny).layers[0]
+    assert layer.mlp.w1.weight.shape == (tiny.intermediate, tiny.hidden)
