@@ -97,8 +97,8 @@ def check_launch(world_size: int = 4) -> tuple[Check, Check]:
     """Two real launches with an all_reduce (the first starts the ranks' helper, the second,
     after a pause, is what a learner's launch costs); also checks every listening socket is on
     loopback."""
+    from . import launch
     from ._ranks import start_path
-    from .launcher import launch
 
     try:
         method = start_path.check_method(None)
