@@ -1,12 +1,14 @@
 """Checking what the learner asked for, with errors that say how to fix it; and the facts of this
-machine those checks and defaults depend on (cores, GPUs)."""
+machine those checks and defaults depend on (cores, GPUs).
+
+Knows nothing about ranks: the start method is checked where the start paths are
+(`distlab._ranks.start_path.check_method`)."""
 
 from __future__ import annotations
 
 import math
 import numbers
 import os
-import sys
 
 from .errors import InputError, InputTypeError
 
@@ -198,24 +200,3 @@ def resolve_backend(backend, world_size: int) -> str | None:
         )
     return backend
 
-
-def check_start_method(method) -> str:
-    """``None`` -> the default (`distlab._ranks.start_path.default_method`); else checked."""
-    from ._ranks import start_path, starter
-
-    if sys.platform == "win32":
-        raise OSError("distlab runs ranks on Linux and macOS. On Windows, use WSL2.")
-    where = ""
-    if method is None:
-        method = start_path.default_method()
-        if os.environ.get(start_path.ENV_VAR, "").strip():
-            where = f" (from ${start_path.ENV_VAR})"
-    if method not in start_path.METHODS:
-        raise InputError(
-            f"start_method must be one of {start_path.METHODS}, got {method!r}{where}.")
-    if method == "forkserver" and not starter.forkserver_supported():
-        raise InputError(
-            f"start_method='forkserver'{where} is available on Linux and macOS only (it needs "
-            "socket.send_fds); use 'spawn'."
-        )
-    return method

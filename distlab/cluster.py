@@ -19,7 +19,7 @@ import weakref
 from dataclasses import dataclass
 
 from . import _config, _output, _readable
-from ._ranks import ship
+from ._ranks import ship, start_path
 from ._ranks.group import RankGroup
 from .errors import DistlabError, InputError, InputTypeError, entry_point
 
@@ -118,7 +118,7 @@ class Cluster:
         self.world_size = _config.check_world_size(world_size)
         self.timeout = _config.check_timeout(timeout)
         self.backend = _config.resolve_backend(backend, self.world_size)
-        self._start_method = _config.check_start_method(start_method)
+        self._start_method = start_path.check_method(start_method)
         self._threads = threads
         self._env = env
         self._start_timeout = _config.check_timeout(start_timeout, "start_timeout")

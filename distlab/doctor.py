@@ -97,10 +97,11 @@ def check_launch(world_size: int = 4) -> tuple[Check, Check]:
     """Two real launches with an all_reduce (the first starts the ranks' helper, the second,
     after a pause, is what a learner's launch costs); also checks every listening socket is on
     loopback."""
-    from . import _config, launch
+    from . import launch
+    from ._ranks import start_path
 
     try:
-        method = _config.check_start_method(None)
+        method = start_path.check_method(None)
         t0 = time.perf_counter()
         launch(_doctor_rank, world_size=world_size, backend="gloo", timeout=60)
         first = time.perf_counter() - t0

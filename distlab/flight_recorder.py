@@ -50,7 +50,7 @@ from pathlib import Path
 from . import _torch
 from .errors import InputError, InputTypeError
 
-__all__ = ["Collective", "Entry", "dump", "median_waits", "read", "waits"]
+__all__ = ["CollectiveAcrossRanks", "Entry", "dump", "median_waits", "read", "waits"]
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ def _entry(e: Mapping, rank: int) -> Entry:
 
 
 @dataclass(frozen=True)
-class Collective:
+class CollectiveAcrossRanks:
     """One call of one group, as every rank that recorded it saw it.
 
     Attributes:
@@ -214,7 +214,7 @@ class Collective:
     durations_ms: dict[int, float | None]
 
 
-def waits(entries: Iterable) -> list[Collective]:
+def waits(entries: Iterable) -> list[CollectiveAcrossRanks]:
     """Every collective that two or more ranks recorded, lined up across the ranks by group, call
     number and op, in call order (point-to-point calls are left out).
 
@@ -223,10 +223,10 @@ def waits(entries: Iterable) -> list[Collective]:
             returns) or one flat list.
 
     Returns:
-        A list of `Collective`, sorted by group and call number. A call that only one rank
-        recorded (a rank that never joined, or whose buffer already forgot it) is left out: ask
-        `torch.distributed.flight_recorder`'s analyzer (``torchfrtrace``, notebook 18) which
-        ranks are missing.
+        A list of `CollectiveAcrossRanks`, sorted by group and call number. A call that only
+        one rank recorded (a rank that never joined, or whose buffer already forgot it) is left
+        out: ask `torch.distributed.flight_recorder`'s analyzer (``torchfrtrace``, notebook 18)
+        which ranks are missing.
 
     Raises:
         TypeError: something other than `Entry` records was passed.
@@ -249,7 +249,7 @@ def waits(entries: Iterable) -> list[Collective]:
         entered = {r: ranks[r].time_created_ns for r in sorted(ranks)}
         latest = max(entered.values())
         last = min(r for r, t in entered.items() if t == latest)
-        out.append(Collective(
+        out.append(CollectiveAcrossRanks(
             group=group, seq=seq, op=op, entered=entered, last=last,
             waits={r: (latest - t) / 1e9 for r, t in entered.items()},
             durations_ms={r: ranks[r].duration_ms for r in entered}))
@@ -273,7 +273,7 @@ def _flat(entries) -> list[Entry]:
     return flat
 
 
-def median_waits(collectives: Iterable[Collective]) -> dict[int, float]:
+def median_waits(collectives: Iterable[CollectiveAcrossRanks]) -> dict[int, float]:
     """rank -> its median wait (seconds) over ``collectives``: the straggler's is the smallest,
     the others' about its lateness. Medians, so that one slow call (a first call's warm-up, a
     garbage collection) does not move them.

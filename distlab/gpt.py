@@ -1,7 +1,7 @@
 """A tiny GPT that the Part III notebooks share, with its data and a one-process reference run.
 
     from distlab import gpt
-    config = gpt.Config()                         # vocab 64, dim 32, 2 layers, 4 heads, seq 16
+    config = gpt.Config()                         # vocab 64, hidden 32, 2 layers, 4 heads, seq 16
     model = gpt.GPT(config, seed=0)               # the same numbers on every rank, every time
     tokens, targets = gpt.batch(step=0, batch_size=8, config=config, seed=0)
     loss = gpt.loss(model(tokens), targets)
@@ -61,55 +61,55 @@ class Config:
 
     Args:
         vocab: vocabulary size (tokens are ``0 .. vocab-1``).
-        dim: model width h (the residual stream); ``dim // n_heads`` is the head size.
-        n_layers: number of transformer blocks.
-        n_heads: attention heads; divisible by the tensor-parallel size you plan (2 and 4 work
+        hidden: model width h (the residual stream); ``hidden // heads`` is the head size.
+        layers: number of transformer blocks.
+        heads: attention heads; divisible by the tensor-parallel size you plan (2 and 4 work
             with the default 4 heads).
         seq_len: the longest sequence (the learned positions table has this many rows).
         dropout: dropout probability after the embedding, on the attention probabilities, and
             after each block's attention and MLP. 0.0 (the default) keeps every run exact.
-        tie: True ties the lm head's weight to the token embedding (one tensor, named
+        tied: True ties the lm head's weight to the token embedding (one tensor, named
             ``tok.weight``); False (default) gives the head its own ``head.weight``.
-        mlp_ratio: the MLP's hidden width is ``mlp_ratio * dim`` (4, as in GPT-2).
+        mlp_ratio: the MLP's width (`intermediate`) is ``mlp_ratio * hidden`` (4, as in GPT-2).
         sdpa: True computes attention with ``F.scaled_dot_product_attention`` (a fused kernel that
             keeps no s x s matrix for backward); False (default) writes it out: scores, softmax,
             weighted sum, as the activation formula counts it.
 
     Raises:
-        ValueError: a size that is not a positive int, ``dim`` not divisible by ``n_heads``, or
+        ValueError: a size that is not a positive int, ``hidden`` not divisible by ``heads``, or
             ``dropout`` outside [0, 1). The message names the field.
     """
 
     vocab: int = 64
-    dim: int = 32
-    n_layers: int = 2
-    n_heads: int = 4
+    hidden: int = 32
+    layers: int = 2
+    heads: int = 4
     seq_len: int = 16
     dropout: float = 0.0
-    tie: bool = False
+    tied: bool = False
     mlp_ratio: int = 4
     sdpa: bool = False
 
     def __post_init__(self):
-        for name in ("vocab", "dim", "n_layers", "n_heads", "seq_len", "mlp_ratio"):
+        for name in ("vocab", "hidden", "layers", "heads", "seq_len", "mlp_ratio"):
             value = getattr(self, name)
             check_int(value, f"Config.{name}", low=1)
-        if self.dim % self.n_heads:
+        if self.hidden % self.heads:
             raise InputError(
-                f"Config.dim ({self.dim}) must be divisible by n_heads ({self.n_heads}): each "
-                "head gets dim // n_heads features"
+                f"Config.hidden ({self.hidden}) must be divisible by heads ({self.heads}): each "
+                "head gets hidden // heads features"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise InputError(f"Config.dropout must be in [0, 1), got {self.dropout!r}")
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.hidden // self.heads
 
     @property
-    def hidden(self) -> int:
-        """The MLP's hidden width."""
-        return self.mlp_ratio * self.dim
+    def intermediate(self) -> int:
+        """The MLP's width (`calculators.Transformer`'s word for it)."""
+        return self.mlp_ratio * self.hidden
 
 
 class Attention(nn.Module):
@@ -119,17 +119,17 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = config.head_dim
         self.sdpa = config.sdpa
-        self.wq = nn.Linear(config.dim, config.dim, bias=False)
-        self.wk = nn.Linear(config.dim, config.dim, bias=False)
-        self.wv = nn.Linear(config.dim, config.dim, bias=False)
-        self.wo = nn.Linear(config.dim, config.dim, bias=False)
+        self.wq = nn.Linear(config.hidden, config.hidden, bias=False)
+        self.wk = nn.Linear(config.hidden, config.hidden, bias=False)
+        self.wv = nn.Linear(config.hidden, config.hidden, bias=False)
+        self.wo = nn.Linear(config.hidden, config.hidden, bias=False)
         self.attn_drop = nn.Dropout(config.dropout)
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x):
         b, s, _ = x.shape
-        # -1 heads, never config.n_heads: under tensor parallelism wq's output holds only this
-        # rank's heads (dim / tp features), and the same code must run on them.
+        # -1 heads, never config.heads: under tensor parallelism wq's output holds only this
+        # rank's heads (hidden / tp features), and the same code must run on them.
         q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # (b, heads, s, head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
@@ -149,9 +149,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: Config):
         super().__init__()
-        self.w1 = nn.Linear(config.dim, config.hidden, bias=False)
+        self.w1 = nn.Linear(config.hidden, config.intermediate, bias=False)
         self.act = nn.GELU()
-        self.w2 = nn.Linear(config.hidden, config.dim, bias=False)
+        self.w2 = nn.Linear(config.intermediate, config.hidden, bias=False)
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x):
@@ -163,9 +163,9 @@ class Block(nn.Module):
 
     def __init__(self, config: Config):
         super().__init__()
-        self.ln1 = nn.LayerNorm(config.dim)
+        self.ln1 = nn.LayerNorm(config.hidden)
         self.attn = Attention(config)
-        self.ln2 = nn.LayerNorm(config.dim)
+        self.ln2 = nn.LayerNorm(config.hidden)
         self.mlp = MLP(config)
 
     def forward(self, x):
@@ -178,7 +178,7 @@ class GPT(nn.Module):
 
     ``model(tokens)`` takes int64 tokens of shape (batch, seq) with seq <= ``config.seq_len`` and
     returns logits (batch, seq, vocab). A pipeline stage may set ``tok = pos = None`` (it then
-    takes hidden states (batch, seq, dim)) and ``norm = head = None`` (it returns hidden
+    takes hidden states (batch, seq, hidden)) and ``norm = head = None`` (it returns hidden
     states).
 
     Args:
@@ -197,23 +197,23 @@ class GPT(nn.Module):
             raise InputTypeError(
                 f"config must be a distlab.gpt.Config, got {type(config).__name__}")
         self.config = config
-        self.tok = nn.Embedding(config.vocab, config.dim)
-        self.pos = nn.Embedding(config.seq_len, config.dim)
+        self.tok = nn.Embedding(config.vocab, config.hidden)
+        self.pos = nn.Embedding(config.seq_len, config.hidden)
         self.drop = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.norm = nn.LayerNorm(config.dim)
-        self.head = nn.Linear(config.dim, config.vocab, bias=False)
-        if config.tie:
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.layers))
+        self.norm = nn.LayerNorm(config.hidden)
+        self.head = nn.Linear(config.hidden, config.vocab, bias=False)
+        if config.tied:
             self.head.weight = self.tok.weight
         self.init_weights(seed)
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
         """Draw every parameter again from ``seed`` (GPT-2's scheme: normal(0, 0.02) weights,
-        output projections ``wo``, ``w2`` scaled by 1/sqrt(2 * n_layers), norms' weights 1 and
+        output projections ``wo``, ``w2`` scaled by 1/sqrt(2 * layers), norms' weights 1 and
         biases 0). Deterministic: it uses its own generator, in parameter order."""
         generator = torch.Generator().manual_seed(seed)
-        small = 0.02 / (2 * self.config.n_layers) ** 0.5
+        small = 0.02 / (2 * self.config.layers) ** 0.5
         for name, p in self.named_parameters():
             if name.endswith("bias"):
                 p.zero_()
@@ -256,7 +256,7 @@ def tp_plan(sequence_parallel: bool = False) -> dict:
     sequence (``SequenceParallel``); attention and the MLP all-gather their input first
     (``PrepareModuleInput``), and ``wo``/``w2`` reduce-scatter instead of all-reduce. Use with
     ``parallelize_module(model, mesh, tp_plan())`` on a 1-D mesh (``mesh["tp"]`` of a 2-D one);
-    ``n_heads`` must be divisible by the mesh size.
+    ``heads`` must be divisible by the mesh size.
     """
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (

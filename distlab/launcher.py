@@ -7,7 +7,7 @@ Also `on_ranks`, which the other tools that run a function on ranks (`distlab.ti
 from __future__ import annotations
 
 from . import _config
-from ._ranks import ship
+from ._ranks import ship, start_path
 from ._ranks.group import RankGroup
 from .errors import InputError, entry_point
 
@@ -108,7 +108,7 @@ def run(fn, args, kwargs, *, world_size, backend, timeout, threads, stream, fold
     timeout = _config.check_timeout(timeout)
     start_timeout = _config.check_timeout(start_timeout, "start_timeout")
     backend = _config.resolve_backend(backend, world_size)
-    start_method = _config.check_start_method(start_method)
+    start_method = start_path.check_method(start_method)
     payload = ship.dumps_call(fn, args, kwargs)
 
     group = RankGroup(

@@ -37,10 +37,10 @@ def _measure(model, config=None, batch_size=8, seq_len=None, backward=True):
     [
         (gpt.Config(), 8, None),
         (gpt.Config(), 3, 10),
-        (gpt.Config(tie=True, n_layers=3), 2, None),
+        (gpt.Config(tied=True, layers=3), 2, None),
         (gpt.Config(dropout=0.1), 4, None),
         (gpt.Config(sdpa=True), 4, None),
-        (gpt.Config(n_heads=2, mlp_ratio=2, vocab=40), 5, 7),
+        (gpt.Config(heads=2, mlp_ratio=2, vocab=40), 5, 7),
     ],
     ids=["default", "short", "tied", "dropout", "sdpa", "other-shape"],
 )
@@ -59,7 +59,7 @@ def test_measured_bytes_equal_the_prediction_module_by_module(config, batch_size
 def test_the_prediction_holds_in_every_dtype(sdpa, dtype):
     # Issue #33's shape: in bf16 the fused kernel keeps its log-sum-exp in fp32, 4 bytes a
     # value where the prediction counted 2 (400 bytes short per block here).
-    config = gpt.Config(vocab=50, dim=40, n_heads=5, seq_len=20, sdpa=sdpa)
+    config = gpt.Config(vocab=50, hidden=40, heads=5, seq_len=20, sdpa=sdpa)
     measured = _measure(gpt.GPT(config).to(dtype), config, batch_size=2)
     predicted = activations.predict(config, 2, dtype=dtype)
     assert measured.modules == predicted.modules, activations.side_by_side(measured, predicted)
@@ -74,13 +74,13 @@ def test_the_prediction_is_the_papers_formula_after_the_stated_changes():
     # 4-byte values double it: sbh(64 + 4as/h). The paper leaves out each LayerNorm's mean and
     # 1/std: 2 norms x 2sb values x 4 bytes = 16sb.
     config = gpt.Config()
-    s, b, h, a = config.seq_len, 8, config.dim, config.n_heads
+    s, b, h, a = config.seq_len, 8, config.hidden, config.heads
     paper = activations.korthikanti(config, b)
     assert paper == s * b * h * 34 + 5 * a * s * s * b
     without_dropout = paper - (2 * s * b * h + a * s * s * b) - 2 * a * s * s * b
     assert without_dropout == s * b * h * 32 + 2 * a * s * s * b
     predicted = activations.predict(config, b)
-    for layer in range(config.n_layers):
+    for layer in range(config.layers):
         assert predicted.of(f"layers.{layer}") == 2 * without_dropout + 16 * s * b
     assert predicted.of("layers.0") == 296_960  # what the meter measures (test above)
     # Every term is named, and the terms add up to the total.
@@ -197,7 +197,7 @@ def test_a_checkpointed_block_keeps_only_its_input(build):
         warnings.simplefilter("ignore")  # checkpoint_wrapper and composable are private APIs
         measured = _measure(build())
     config = gpt.Config()
-    block_input = config.seq_len * 8 * config.dim * 4
+    block_input = config.seq_len * 8 * config.hidden * 4
     assert [measured.of(f"layers.{i}") for i in range(2)] == [block_input] * 2
     assert measured.checkpointed == ("layers.0", "layers.1")
     assert "layers.0 (checkpointed)" in measured.text()
@@ -234,7 +234,7 @@ def test_bad_use_is_refused():
         meter.__enter__()
     with pytest.raises(ValueError, match="seq_len=17 is longer"):
         activations.predict(gpt.Config(), 8, 17)
-    with pytest.raises(ValueError, match="n_heads \\(4\\) must be divisible by tp=3"):
+    with pytest.raises(ValueError, match="heads \\(4\\) must be divisible by tp=3"):
         activations.predict(gpt.Config(), 8, tp=3)
     with pytest.raises(ValueError, match="sequence_parallel needs tp > 1"):
         activations.predict(gpt.Config(), 8, sequence_parallel=True)
@@ -302,7 +302,7 @@ def test_sharded_ranks_keep_what_the_prediction_says():
 @quick
 def test_a_model_of_twelve_blocks_is_predicted_block_by_block():
     # layers.1 is not layers.10 or layers.11: each block's count is its own.
-    config = gpt.Config(n_layers=12)
+    config = gpt.Config(layers=12)
     predicted = activations.predict(config, 2)
     assert len({predicted.of(f"layers.{i}") for i in range(12)}) == 1
     assert predicted.of("layers") == 12 * predicted.of("layers.1")

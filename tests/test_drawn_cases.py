@@ -54,12 +54,12 @@ def scripted(monkeypatch):
 
 
 def test_nb20s_drawn_shape_is_never_one_of_the_fixed_ones(scripted):
-    # The draws that make the fixed shape ({"dim": 16, "n_heads": 2}, 5, 7): heads, seq_len,
+    # The draws that make the fixed shape ({"hidden": 16, "heads": 2}, 5, 7): heads, seq_len,
     # dim per head, mlp_ratio, vocab, batch, seq.
     scripted(2, 16, 8, 4, 40, 5, 7)
     options, b, s = nb20._random_shape()
     c = Config(**options)
-    assert (c.dim, c.n_heads, c.mlp_ratio, b, s) != (16, 2, 4, 5, 7)
+    assert (c.hidden, c.heads, c.mlp_ratio, b, s) != (16, 2, 4, 5, 7)
 
 
 def test_nb22s_drawn_layout_is_never_one_of_the_fixed_ones(scripted):
@@ -124,8 +124,8 @@ def test_nb25s_truth_is_what_fsdp2_allocates_on_a_simulated_rank(tp, pp, dp, sta
     from distlab import scale
 
     layout = scale.Layout(dp=dp, tp=tp, pp=pp, seq_len=8192)
-    with scale.simulated("Llama-3 405B", layout, stage=stage) as (model, _):
-        held = sum(p.to_local().numel() for p in model.parameters())
+    with scale.simulated("Llama-3 405B", layout, stage=stage) as (module, _):
+        held = sum(p.to_local().numel() for p in module.parameters())
     assert nb25.held(stage, tp, pp, dp) == held
 
 

@@ -30,7 +30,7 @@ def test_parameter_names_are_the_ones_every_layout_maps_to():
     model = gpt.GPT()
     assert [name for name, _ in model.named_parameters()] == NAMES
     assert sum(p.numel() for p in model.parameters()) == 29_504
-    tied = gpt.GPT(gpt.Config(tie=True))
+    tied = gpt.GPT(gpt.Config(tied=True))
     assert tied.head.weight is tied.tok.weight
     assert [name for name, _ in tied.named_parameters()] == NAMES[:-1]  # one tensor, one name
 
@@ -184,8 +184,8 @@ def test_one_training_step_takes_milliseconds():
 @pytest.mark.parametrize(
     "kwargs, says",
     [
-        ({"dim": 30}, "divisible by n_heads"),
-        ({"n_heads": 0}, "n_heads must be an int >= 1"),
+        ({"hidden": 30}, r"Config.hidden \(30\) must be divisible by heads \(4\)"),
+        ({"heads": 0}, "Config.heads must be an int >= 1"),
         ({"vocab": 2.5}, "vocab must be an int >= 1"),
         ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
     ],
@@ -197,7 +197,7 @@ def test_bad_configs_are_refused_with_the_field_named(kwargs, says):
 
 def test_bad_arguments_are_refused():
     with pytest.raises(TypeError, match="must be a distlab.gpt.Config"):
-        gpt.GPT({"dim": 32})
+        gpt.GPT({"hidden": 32})
     with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
         gpt.batch(0, 0)
     with pytest.raises(ValueError, match="step must be an int >= 0"):
@@ -230,3 +230,17 @@ def test_reference_run_steps_with_the_learning_rate_it_is_given():
     for name in ("tok.weight", "layers.1.mlp.w2.weight", "head.weight"):
         want = init[name].detach() - 0.25 * step.grads[name]
         torch.testing.assert_close(step.params[name], want, rtol=0, atol=1e-7)
+
+
+@pytest.mark.quick
+def test_the_tiny_gpt_and_the_calculators_name_a_models_shape_alike():
+    """One vocabulary for a model's shape: `gpt.Config` speaks `calculators.Transformer`'s words
+    (``hidden`` the width, ``intermediate`` the MLP's, ``layers``, ``heads``, ``tied``)."""
+    from distlab.calculators import PRESETS
+
+    words = ("vocab", "hidden", "intermediate", "layers", "heads", "tied")
+    tiny, llama = gpt.Config(), PRESETS["Llama-3 8B"]
+    assert [getattr(tiny, w) for w in words] == [64, 32, 128, 2, 4, False]
+    assert all(isinstance(getattr(llama, w), type(getattr(tiny, w))) for w in words)
+    layer = gpt.GPT(tiny).layers[0]
+    assert layer.mlp.w1.weight.shape == (tiny.intermediate, tiny.hidden)

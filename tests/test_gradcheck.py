@@ -75,7 +75,7 @@ class _HandTPMLP(nn.Module):
 def _global_heads(self, x):
     """Attention.forward with the classic TP mistake: the global head count in the reshape."""
     b, s, _ = x.shape
-    heads = CONFIG.n_heads  # a rank holds n_heads / tp heads: the head size comes out wrong
+    heads = CONFIG.heads  # a rank holds heads / tp heads: the head size comes out wrong
     q = self.wq(x).view(b, s, heads, -1).transpose(1, 2)
     k = self.wk(x).view(b, s, heads, -1).transpose(1, 2)
     v = self.wv(x).view(b, s, heads, -1).transpose(1, 2)
@@ -228,10 +228,10 @@ def _two_rank_layouts():
 #: found a correct layout called wrong on: AdamW divides by sqrt(v) + eps, and gradient entries
 #: near 1e-9 turn float32 rounding into a visible difference in the parameter.
 OTHER_SHAPES = (
-    gpt.Config(vocab=40, dim=48, n_layers=3, n_heads=6, seq_len=12),
-    gpt.Config(vocab=50, dim=40, n_layers=5, n_heads=5, seq_len=20),
-    gpt.Config(vocab=33, dim=24, n_layers=1, n_heads=2, seq_len=7),
-    gpt.Config(tie=True, n_heads=8),
+    gpt.Config(vocab=40, hidden=48, layers=3, heads=6, seq_len=12),
+    gpt.Config(vocab=50, hidden=40, layers=5, heads=5, seq_len=20),
+    gpt.Config(vocab=33, hidden=24, layers=1, heads=2, seq_len=7),
+    gpt.Config(tied=True, heads=8),
 )
 MLP_SHARDS = {"layers.*.mlp.w1.weight": 0, "layers.*.mlp.w2.weight": 1}
 

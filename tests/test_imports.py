@@ -1,6 +1,9 @@
 """distlab's imports, read from the source (`ast`, nothing imported): the layers go one way.
 
 - No circle between distlab's modules, counting imports at module level and inside functions.
+- Every module stands on a floor (`FLOORS`) and imports nothing from a floor above its own:
+  the checks and the torch door know no ranks, the ranks' machinery no tool, a tool neither
+  the exercises nor the package itself (``from .. import launch`` is an import of `distlab`).
 - Every "knows nothing about X" in a module's docstring is true: the module does not import X.
 - torch's private code is reached only through the door (`distlab._torch`, `distlab._torch_*`).
 - The README's "Where things are" names every module.
@@ -99,6 +102,68 @@ def test_the_cycle_finder_finds_a_planted_circle():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+# -- floors: imports run down, never up -------------------------------------------------------
+
+#: distlab's floors, lowest first: a module may import its own floor and those below. Each
+#: entry names modules, or packages with everything in them; ``distlab`` itself (the package
+#: a learner imports) is only the top floor's.
+FLOORS = (
+    ("checks, errors and the torch door", (
+        "distlab.errors", "distlab._readable", "distlab._config", "distlab._patience",
+        "distlab._status", "distlab._output", "distlab._chart", "distlab._torch",
+        "distlab._torch_dispatch", "distlab._torch_simulation")),
+    ("the ranks' machinery", ("distlab._ranks",)),
+    ("launching", ("distlab.launcher", "distlab.cluster", "distlab.magic")),
+    ("the learner's tools", (
+        "distlab.bounds", "distlab.pictures", "distlab.memory", "distlab.timeline",
+        "distlab.calculators", "distlab.scale", "distlab.gpt", "distlab.gradcheck",
+        "distlab.activations", "distlab.flight_recorder", "distlab.faults")),
+    ("the exercises", ("distlab.exercises",)),
+    ("the front door", ("distlab", "distlab.__main__", "distlab.doctor")),
+)
+
+
+def _floor(name: str, floors=FLOORS) -> int | None:
+    """The floor ``name`` stands on (its index in ``floors``), or None."""
+    for i, (_, members) in enumerate(floors):
+        if any(name == m or (m != "distlab" and name.startswith(m + ".")) for m in members):
+            return i
+    return None
+
+
+def _upward(imports: dict[str, set[str]], floors=FLOORS) -> list[str]:
+    """``"a (floor) imports b (floor above)"`` for every import that goes up."""
+    out = []
+    for name in sorted(imports):
+        mine = _floor(name, floors)
+        for other in sorted(imports[name]):
+            theirs = _floor(other, floors)
+            if mine is not None and theirs is not None and theirs > mine:
+                out.append(f"{name} ({floors[mine][0]}) imports {other} ({floors[theirs][0]})")
+    return out
+
+
+def test_every_module_stands_on_one_floor():
+    lost = sorted(name for name in MODULES if _floor(name) is None)
+    assert not lost, f"put these in FLOORS (tests/test_imports.py): {lost}"
+
+
+def test_imports_go_down_the_floors_never_up():
+    up = _upward({name: {m for m in imports if m in MODULES} for name, imports in IMPORTS.items()})
+    assert not up, "imports that go up a floor (move the code down, or pass it in): " + (
+        "; ".join(up))
+
+
+def test_the_floor_check_finds_a_planted_upward_import():
+    planted = {"distlab._config": {"distlab._ranks.start_path"},  # a check that knows ranks
+               "distlab.scale.lay_out": {"distlab"},  # ``from .. import launch``
+               "distlab.launcher": {"distlab._ranks.group", "distlab.errors"}}  # down: fine
+    assert _upward(planted) == [
+        "distlab._config (checks, errors and the torch door) imports distlab._ranks.start_path "
+        "(the ranks' machinery)",
+        "distlab.scale.lay_out (the learner's tools) imports distlab (the front door)"]
+
+
 # -- "knows nothing about X" ------------------------------------------------------------------
 
 _C = "distlab.calculators."
@@ -112,6 +177,7 @@ _SIMULATING = tuple(_S + m for m in ("simulate", "mesh", "measure", "plan_order"
 #: (module, X as its docstring writes it) -> what the module must not import for that to be true
 #: (a module, or a package and everything in it).
 KNOWS_NOTHING = {
+    ("distlab._config", "ranks"): ("distlab._ranks",),
     ("distlab._torch", "ranks, notebooks or the learner"): (
         "distlab._ranks", "distlab.exercises", "distlab.launcher", "distlab.cluster",
         "distlab.magic"),  # (distlab.errors, a leaf, is the one way every module refuses input)
@@ -233,12 +299,29 @@ def _dotted(node) -> list[str] | None:
     return None
 
 
+#: Private attributes of torch's objects (not modules), which no name bound to torch leads to:
+#: an op as ``__torch_dispatch__`` gets it, a DTensor, a module FSDP wrapped. Reading one of these
+#: on anything, outside the door, counts as reaching torch's private code.
+TORCH_PRIVATE_ATTRIBUTES = {
+    "_schema": "OpOverload's schema (the door: _torch_dispatch.writes)",
+    "_overloadpacket": "OpOverload's packet (public: .overloadpacket)",
+    "_op": "OpOverload's C++ op",
+    "_local_tensor": "DTensor's shard (public: .to_local())",
+    "_spec": "DTensor's placement spec (public: .placements, .device_mesh)",
+    "_checkpoint_wrapped_module": "checkpoint_wrapper's module",
+    "_get_ddp_logging_data": "DDP's logging data",
+}
+
+
 def _private_torch_uses(tree: ast.Module) -> list[str]:
-    """torch's private modules imported, and private torch attributes reached through a name
-    bound to torch (``torch._C.Future``, ``dist.distributed_c10d._resolve_process_group``)."""
+    """torch's private modules imported, private torch attributes reached through a name
+    bound to torch (``torch._C.Future``, ``dist.distributed_c10d._resolve_process_group``), and
+    `TORCH_PRIVATE_ATTRIBUTES` read on anything (``func._schema``, as ``?._schema``)."""
     uses = set()
     names = _torch_names(tree)
     for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in TORCH_PRIVATE_ATTRIBUTES:
+            uses.add(f"?.{node.attr}")
         if isinstance(node, ast.Import):
             uses.update(_private(a.name) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -264,8 +347,11 @@ def test_the_private_torch_finder_sees_imports_and_attributes():
         "from torch.utils._pytree import tree_leaves\n"
         "def f():\n"
         "    from torch.distributed.tensor import DTensor, _redistribute\n"
-        "    return torch._C.Future, dist.distributed_c10d._x(), torch.ones, DTensor._op\n")
+        "    return torch._C.Future, dist.distributed_c10d._x(), torch.ones, DTensor._op\n"
+        "def g(func, args):\n"
+        "    return func._schema.arguments, func.overloadpacket, func._overloadpacket, args._x\n")
     assert _private_torch_uses(tree) == [
+        "?._op", "?._overloadpacket", "?._schema",
         "torch._C", "torch.distributed.distributed_c10d._x", "torch.distributed.tensor.DTensor._op",
         "torch.distributed.tensor._redistribute", "torch.utils._pytree"]
 

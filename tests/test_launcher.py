@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 import distlab
-from distlab._config import check_start_method
 from distlab._patience import patience
 from distlab._ranks import forkserver
+from distlab._ranks.start_path import check_method
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -228,7 +228,7 @@ def _distlab_tmp() -> set[str]:
 def test_100_launches_leave_no_processes_fds_or_temp_files():
     # On the spawn path the pool's spares are replaced as they are used: the same number of
     # children and descriptors, never a rank's.
-    spawn = check_start_method(None) == "spawn"
+    spawn = check_method(None) == "spawn"
     distlab.launch(_pid, world_size=2)  # the helper (or the spares) exist from here on
     me = psutil.Process()
     fds, children, tmp = _open_fds(), me.children(recursive=True), _distlab_tmp()

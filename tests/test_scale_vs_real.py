@@ -61,8 +61,8 @@ def _simulate_each(cases):
         from distlab.scale.real_ranks import local_shapes
 
         layout, stage = cases[int(os.environ["RANK"])]
-        with simulated(TINY, layout, stage) as (stage_model, _):
-            shapes = local_shapes(stage_model)
+        with simulated(TINY, layout, stage) as (module, _):
+            shapes = local_shapes(module)
         whole = simulate_rank(TINY, layout, stage, every_microbatch=True) if layout.pp > 1 \
             else None
         return simulate_rank(TINY, layout, stage), whole, shapes

@@ -48,7 +48,7 @@ def predict(config=None, batch_size: int = 8, seq_len: int | None = None, *,
     Raises:
         ValueError: ``batch_size``, ``seq_len`` or ``tp`` not an int >= 1, ``seq_len`` longer
             than ``config.seq_len``; ``sdpa=True`` or ``tp > 1`` with dropout (not predicted);
-            ``n_heads``, the MLP width or ``vocab`` not divisible by ``tp``;
+            ``heads``, the MLP width or ``vocab`` not divisible by ``tp``;
             ``sequence_parallel`` without ``tp > 1``, or ``seq_len`` not divisible by ``tp``.
     """
     from ..gpt import Config
@@ -61,13 +61,13 @@ def predict(config=None, batch_size: int = 8, seq_len: int | None = None, *,
         raise InputError(f"seq_len={s} is longer than config.seq_len={config.seq_len}")
     if config.dropout and (config.sdpa or tp > 1):
         raise InputError("predict() does not cover dropout > 0 with sdpa=True or tp > 1")
-    for what, size in (("n_heads", config.n_heads), ("the MLP width", config.hidden),
+    for what, size in (("heads", config.heads), ("the MLP width", config.intermediate),
                        ("vocab", config.vocab)):
         if size % tp:
             raise InputError(f"{what} ({size}) must be divisible by tp={tp}")
     if sequence_parallel and (tp == 1 or s % tp):
         raise InputError(f"sequence_parallel needs tp > 1 dividing seq_len={s}; got tp={tp}")
-    b, h, a, v, f = batch_size, config.dim, config.n_heads, config.vocab, config.hidden
+    b, h, a, v, f = batch_size, config.hidden, config.heads, config.vocab, config.intermediate
     e = torch.empty((), dtype=dtype).element_size()
     sbh, as2b, drop = s * b * h, a * s * s * b, config.dropout > 0
     terms, params = [], {}
@@ -89,7 +89,7 @@ def predict(config=None, batch_size: int = 8, seq_len: int | None = None, *,
     add("pos", "position ids (int64, s)", s, size=8)
     if drop:
         add("drop", "embedding dropout mask (sbh)", sbh)
-    for i in range(config.n_layers):
+    for i in range(config.layers):
         p = f"layers.{i}"
         if checkpoint:
             add(p, "the checkpoint keeps the block's input (sbh)", sbh)
@@ -144,7 +144,7 @@ def _gpt_modules(config) -> tuple:
     block = ("", ".ln1", ".attn", ".attn.wq", ".attn.wk", ".attn.wv", ".attn.wo",
              ".attn.attn_drop", ".attn.drop", ".ln2", ".mlp", ".mlp.w1", ".mlp.act", ".mlp.w2",
              ".mlp.drop")
-    layers = [f"layers.{i}{part}" for i in range(config.n_layers) for part in block]
+    layers = [f"layers.{i}{part}" for i in range(config.layers) for part in block]
     return ("", "tok", "pos", "drop", "layers", *layers, "norm", "head")
 
 
@@ -155,5 +155,5 @@ def korthikanti(config=None, batch_size: int = 8, seq_len: int | None = None) ->
 
     config = Config() if config is None else config
     s = config.seq_len if seq_len is None else seq_len
-    sbh = s * batch_size * config.dim
-    return sbh * 34 + 5 * config.n_heads * s * s * batch_size
+    sbh = s * batch_size * config.hidden
+    return sbh * 34 + 5 * config.heads * s * s * batch_size

@@ -295,6 +295,218 @@ def _memory_bound_bytes(m, memory_bound, report, *, layers, tp, tokens, pp, dp, 
     return moved, per_step, "fused: each elementwise region one kernel"
 
 
+def _checked(model, layout, knobs, *, grad_bytes, bandwidth, memory_bound, report,
+             hbm_bandwidth, matmul_efficiency, attention_efficiency, sustained):
+    """``(model, layout, grad_bytes, attention_efficiency, bubble)`` for `step_time`, every
+    input checked (its Raises), the defaults filled in."""
+    m = get_model(model)
+    if not isinstance(m, Transformer) or m.experts > 1:
+        raise CalculatorError("step_time models a dense Transformer (a preset such as "
+                              "'Llama-3 405B'); mixtures of experts are not modelled")
+    lay = as_layout(layout, knobs, "step_time")
+    lay.check(m)
+    for name in ("replicate", "ep"):
+        if getattr(lay, name) > 1:
+            raise CalculatorError(f"step_time does not model {name}={getattr(lay, name)}: "
+                                  f"use {name}=1")
+    if lay.tp > 1 and not lay.sequence_parallel:
+        raise CalculatorError("step_time models tensor parallelism with sequence parallelism: "
+                              "use sequence_parallel=True")
+    if grad_bytes is None:
+        grad_bytes = PRECISIONS[lay.precision][1]
+    positive_int(grad_bytes, "grad_bytes")
+    choice(bandwidth, "bandwidth", ("measured", "peak"))
+    choice(memory_bound, "memory_bound", MEMORY_BOUND)
+    if memory_bound == "eager" and report is None:
+        raise CalculatorError("memory_bound='eager' times the ops a simulated rank ran: give "
+                              "report=distlab.scale.simulate_rank(model, layout), or "
+                              "memory_bound='fused' for the formula")
+    if not hbm_bandwidth > 0:
+        raise CalculatorError(f"hbm_bandwidth={hbm_bandwidth!r}: bytes per second, above 0 "
+                              "(3.35e12 for an H100 SXM)")
+    attention_efficiency = attention_efficiency or matmul_efficiency
+    for name, value in (("matmul_efficiency", matmul_efficiency),
+                        ("attention_efficiency", attention_efficiency), ("sustained", sustained)):
+        if not 0 < value <= 1:
+            raise CalculatorError(f"{name}={value!r}: a share of the peak, in (0, 1] (0.80 is "
+                                  "80%)")
+    idle = bubble(lay.pp, lay.steps, lay.virtual_stages, lay.schedule) if lay.pp > 1 else (
+        Fraction(0))
+    m.check_tp(lay.tp)
+    return m, lay, grad_bytes, attention_efficiency, idle
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """The slowest pipeline stage's compute, per microbatch (`_slowest_stage`): FLOPs of one
+    layer's matmuls (``matmul_f``) and attention (``attn_f``) forward, of the output layer
+    (``out_f``), attention's per token over all layers (``attn_tok``); the rates they run at;
+    one layer's forward and backward seconds; its ``layers``, its ``compute`` seconds, and
+    whether it is the ``last`` stage."""
+
+    s_q: int
+    matmul_f: float
+    attn_tok: float
+    out_f: float
+    matmul_s: float
+    layer_fwd: float
+    layer_bwd: float
+    re_mm: object
+    re_at: float
+    layers: int
+    compute: float
+    last: bool
+
+
+def _slowest_stage(m, lay, matmul_s, attn_s) -> _Stage:
+    """The slowest pipeline stage of ``lay``, its matmuls at ``matmul_s`` FLOP/s and attention
+    at ``attn_s``, with the recomputation ``lay.checkpointing`` asks for."""
+    tp, pp = lay.tp, lay.pp
+    s_q = lay.micro_batch * lay.seq_len // lay.cp
+    matmul_f = 2 * (m.layer_parameters(tp)[0] - 2 * m.hidden) * s_q  # one layer, forward
+    attn_tok = attention_flops(m, lay.seq_len)  # per token, forward and backward, all layers
+    attn_f = attn_tok / (3 * m.layers) * s_q / tp  # one layer's forward, this rank's heads
+    out_f = 2 * m.hidden * -(-m.vocab // tp) * s_q
+    re_mm, re_at = _RECOMPUTE[lay.checkpointing]
+    layer_fwd = matmul_f / matmul_s + attn_f / attn_s
+    layer_bwd = ((2 + float(re_mm)) * matmul_f / matmul_s
+                 + (2.5 + re_at) * attn_f / attn_s)
+    stages = [len(r) for r in stage_layers(m.layers, pp)]
+    stage_s = [n * (layer_fwd + layer_bwd) + (3 * out_f / matmul_s if i == pp - 1 else 0)
+               for i, n in enumerate(stages)]
+    slowest = max(range(pp), key=stage_s.__getitem__)
+    return _Stage(s_q, matmul_f, attn_tok, out_f, matmul_s, layer_fwd, layer_bwd, re_mm, re_at,
+                  stages[slowest], stage_s[slowest], slowest == pp - 1)
+
+
+def _compute_term(st, lay, matmul_efficiency, attention_efficiency, sustained) -> Term:
+    """The slowest stage's compute per microbatch, as a `Term`."""
+    return Term(f"compute, {st.layers} layers", st.compute, st.compute,
+                f"matmuls at {matmul_efficiency:.0%} of peak, attention at "
+                f"{attention_efficiency:.0%}, recompute '{lay.checkpointing}'"
+                + (f", x {sustained:.2f} sustained" if sustained != 1 else ""))
+
+
+def _tp_cp_calls(m, lay, st, report) -> tuple[list, list]:
+    """``(kind, ranks, bytes, calls)`` of the TP and of the CP collectives of the slowest
+    stage per microbatch: the ``report``'s recorded ones, or the formulas' (see the module)."""
+    tp, cp, layers = lay.tp, lay.cp, st.layers
+    if report is not None:  # what the simulated rank recorded, per microbatch, its layers
+        rl = max(1, len(report.layers))
+        return ([(k, n, b, layers / rl) for k, n, b in _report_calls(report, "tp")],
+                [(k, n, b, layers / rl) for k, n, b in _report_calls(report, "cp")])
+    act = st.s_q * m.hidden * 2  # one microbatch's bf16 activations, whole sequence shard
+    redo = 1 if lay.checkpointing == "full" else 0
+    regather = redo or lay.checkpointing.startswith("op-selective")  # not saved: run again
+    tp_calls = [] if tp == 1 else [("all_gather", tp, act, (4 + 2 * regather) * layers),
+                                   ("reduce_scatter", tp, act, (4 + 2 * redo) * layers)]
+    hd = m.hidden // m.heads
+    kv = 2 * lay.micro_batch * lay.seq_len * (m.kv_heads // tp) * hd * 2  # K and V, bf16
+    cp_calls = [] if cp == 1 else [("all_gather", cp, kv, (1 + redo) * layers),
+                                   ("reduce_scatter", cp, kv, layers)]
+    return tp_calls, cp_calls
+
+
+def _communication_terms(m, lay, st, report, fast, slow, async_tp) -> list[Term]:
+    """The TP, CP and PP terms of a microbatch on the slowest stage (see the module)."""
+    terms = []
+    tp_calls, cp_calls = _tp_cp_calls(m, lay, st, report)
+    tp_time = sum(n * collective_time(k, int(b), r, fast).seconds for k, r, b, n in tp_calls)
+    if tp_time:
+        matmuls = st.layers * (3 + float(st.re_mm)) * st.matmul_f / st.matmul_s
+        exposed = max(0.0, tp_time - matmuls) if async_tp else tp_time
+        terms.append(Term("TP all-gathers, reduce-scatters", tp_time, exposed,
+                          "async TP: hidden behind the matmuls" if async_tp else
+                          f"exposed, on {fast.name}"))
+    cp_time = sum(n * collective_time(k, int(b), r, slow).seconds for k, r, b, n in cp_calls)
+    if cp_time:
+        terms.append(Term("CP all-gather of K/V, reduce-scatter", cp_time, cp_time,
+                          f"exposed, on {slow.name}"))
+    if lay.pp > 1:
+        # each of the rank's v stages sends its output forward and its input's gradient
+        # backward once per microbatch; a stage's send hides behind that stage's next forward
+        # (backward): per stage, like against like
+        v, act = lay.virtual_stages, st.s_q * m.hidden * 2
+        one = collective_time("send", act // lay.tp, 2, slow).seconds
+        fwd = (st.layers * st.layer_fwd + (st.out_f / st.matmul_s if st.last else 0)) / v
+        bwd = (st.compute - v * fwd) / v
+        send = 2 * v * one
+        terms.append(Term("PP sends, forward and backward", send,
+                          v * (max(0.0, one - fwd) + max(0.0, one - bwd)),
+                          f"hidden behind the next microbatch, on {slow.name}"))
+    return terms
+
+
+def _memory_bound_terms(m, lay, st, report, memory_bound, grad_bytes, hbm) -> tuple[list, list]:
+    """The memory-bound kernels of a microbatch on the slowest stage (on the critical path),
+    and those of the step (FSDP's copies, the optimizer's step), at ``hbm`` bytes/s: each a
+    list of no `Term` or one."""
+    if memory_bound == "none":
+        return [], []
+    moved, per_step, how = _memory_bound_bytes(
+        m, memory_bound, report, layers=st.layers, tp=lay.tp, tokens=st.s_q, pp=lay.pp,
+        dp=lay.dp, mbs=lay.steps, last=st.last, checkpointing=lay.checkpointing,
+        grad_bytes=grad_bytes)
+    kernels = [Term("memory-bound kernels", moved / hbm, moved / hbm,
+                    f"{how}, at {hbm / 1e12:.2f} TB/s")]
+    if not per_step:
+        return kernels, []
+    return kernels, [Term("optimizer step" if memory_bound == "eager" else
+                          "FSDP copies, optimizer step", per_step / hbm, per_step / hbm,
+                          f"memory-bound, at {hbm / 1e12:.2f} TB/s", per="step")]
+
+
+def _fsdp_term(m, lay, st, grad_bytes, dpl) -> Term:
+    """FSDP's all-gathers and reduce-scatters of the slowest stage's layers in one step, the
+    excess over a layer's compute exposed (see the module)."""
+    pp, mbs = lay.pp, lay.steps
+    params = m.layer_parameters(lay.tp)[0]  # one layer's, gathered and reduced layer by layer
+    # with PP the gathered layers stay for the step (torchtitan, Llama 3): one gather;
+    # without, FSDP reshards after forward and gathers again in backward
+    gathers = 1 if pp > 1 else 2 * mbs
+    gather = collective_time("all_gather", 2 * params, lay.dp, dpl).seconds
+    scatter = collective_time("reduce_scatter", grad_bytes * params, lay.dp, dpl).seconds
+    exposed = st.layers * (max(0.0, gather - st.layer_fwd) * (1 if pp > 1 else mbs)
+                           + max(0.0, gather - st.layer_bwd) * (0 if pp > 1 else mbs)
+                           + max(0.0, scatter - st.layer_bwd))
+    return Term(f"FSDP gather, reduce-scatter (fp{8 * grad_bytes})",
+                st.layers * (gathers * gather + scatter), exposed,
+                "prefetched a layer ahead: the excess over a layer's compute "
+                f"exposed, on {dpl.name}", per="step")
+
+
+def _assumptions(lay, idle, fast, slow, *, matmul_efficiency, peak_flops, sustained, bandwidth,
+                 memory_bound, hbm) -> tuple[str, ...]:
+    """Every input of a `StepTime`, in words."""
+    return (
+        f"matmuls at {matmul_efficiency:.1%} of {peak_flops / 1e12:.0f} TFLOP/s",
+        *((f"matmuls and attention at {sustained:.1%} of their own rate (sustained in the "
+            "job)",)
+          if sustained != 1 else ()),
+        f"links at their {'NCCL-measured busbw' if bandwidth == 'measured' else 'peak'} "
+        f"({fast.bandwidth / 1e9:.0f} and {slow.bandwidth / 1e9:.0f} GB/s)",
+        f"recomputation '{lay.checkpointing}'",
+        f"bubble {idle} of the wall time",
+        "memory-bound kernels not timed" if memory_bound == "none" else
+        f"memory-bound kernels {memory_bound} at {hbm / 1e12:.2f} TB/s",
+    )
+
+
+def _step_time(m, lay, st, terms, idle, step, peak_flops, assumptions) -> StepTime:
+    """The `StepTime` of ``terms`` and ``step`` seconds: tokens, GPUs and FLOPs counted."""
+    tp, cp, pp, dp, v = lay.tp, lay.cp, lay.pp, lay.dp, lay.virtual_stages
+    tokens = dp * lay.steps * lay.micro_batch * lay.seq_len
+    flops_6n = 6 * m.parameters()
+    # what the GPUs run: 6N plus the recomputed forward share (2N each), attention's forward,
+    # its 2.5x backward and its recomputation
+    hardware = tokens * (flops_6n * (1 + float(st.re_mm) / 3)
+                         + st.attn_tok * (3.5 + st.re_at) / 3)
+    layout = f"TP {tp} x CP {cp} x PP {pp} x DP {dp}" + (
+        f", {lay.schedule}" + (f" v={v}" if v > 1 else "") if pp > 1 else "")
+    return StepTime(m, layout, lay.steps, tuple(terms), idle, step, tokens, tp * cp * pp * dp,
+                    peak_flops, flops_6n, flops_6n + st.attn_tok, hardware, assumptions)
+
+
 def step_time(model, layout: Layout | None = None, *, matmul_efficiency=MATMUL_EFFICIENCY,
               attention_efficiency=None, peak_flops=H100_PEAK, bandwidth="measured",
               nvlink="NVLink 4 (H100 SXM)", network="InfiniBand NDR (400 Gb/s)", dp_link=None,
@@ -352,152 +564,25 @@ def step_time(model, layout: Layout | None = None, *, matmul_efficiency=MATMUL_E
             ``memory_bound="eager"`` without a ``report``; ``hbm_bandwidth`` not above 0;
             ``sustained`` outside (0, 1].
     """
-    m = get_model(model)
-    if not isinstance(m, Transformer) or m.experts > 1:
-        raise CalculatorError("step_time models a dense Transformer (a preset such as "
-                              "'Llama-3 405B'); mixtures of experts are not modelled")
-    lay = as_layout(layout, knobs, "step_time")
-    lay.check(m)
-    for name in ("replicate", "ep"):
-        if getattr(lay, name) > 1:
-            raise CalculatorError(f"step_time does not model {name}={getattr(lay, name)}: "
-                                  f"use {name}=1")
-    if lay.tp > 1 and not lay.sequence_parallel:
-        raise CalculatorError("step_time models tensor parallelism with sequence parallelism: "
-                              "use sequence_parallel=True")
-    tp, cp, pp, dp, v = lay.tp, lay.cp, lay.pp, lay.dp, lay.virtual_stages
-    seq_len, micro_batch, mbs = lay.seq_len, lay.micro_batch, lay.steps
-    schedule, checkpointing = lay.schedule, lay.checkpointing
-    if grad_bytes is None:
-        grad_bytes = PRECISIONS[lay.precision][1]
-    positive_int(grad_bytes, "grad_bytes")
-    choice(bandwidth, "bandwidth", ("measured", "peak"))
-    choice(memory_bound, "memory_bound", MEMORY_BOUND)
-    if memory_bound == "eager" and report is None:
-        raise CalculatorError("memory_bound='eager' times the ops a simulated rank ran: give "
-                              "report=distlab.scale.simulate_rank(model, layout), or "
-                              "memory_bound='fused' for the formula")
-    if not hbm_bandwidth > 0:
-        raise CalculatorError(f"hbm_bandwidth={hbm_bandwidth!r}: bytes per second, above 0 "
-                              "(3.35e12 for an H100 SXM)")
-    attention_efficiency = attention_efficiency or matmul_efficiency
-    for name, value in (("matmul_efficiency", matmul_efficiency),
-                        ("attention_efficiency", attention_efficiency), ("sustained", sustained)):
-        if not 0 < value <= 1:
-            raise CalculatorError(f"{name}={value!r}: a share of the peak, in (0, 1] (0.80 is "
-                                  "80%)")
-    idle = bubble(pp, mbs, v, schedule) if pp > 1 else Fraction(0)
-    m.check_tp(tp)
+    m, lay, grad_bytes, attention_efficiency, idle = _checked(
+        model, layout, knobs, grad_bytes=grad_bytes, bandwidth=bandwidth,
+        memory_bound=memory_bound, report=report, hbm_bandwidth=hbm_bandwidth,
+        matmul_efficiency=matmul_efficiency, attention_efficiency=attention_efficiency,
+        sustained=sustained)
     fast, slow = _link(nvlink, bandwidth), _link(network, bandwidth)
     dpl = slow if dp_link is None else _link(dp_link, bandwidth)
-    hd, s_q = m.hidden // m.heads, micro_batch * seq_len // cp
-    matmul_f = 2 * (m.layer_parameters(tp)[0] - 2 * m.hidden) * s_q  # one layer, forward
-    attn_tok = attention_flops(m, seq_len)  # per token, forward and backward, all layers
-    attn_f = attn_tok / (3 * m.layers) * s_q / tp  # one layer's forward, this rank's heads
-    out_f = 2 * m.hidden * -(-m.vocab // tp) * s_q
-    matmul_s = peak_flops * matmul_efficiency * sustained
-    attn_s = peak_flops * attention_efficiency * sustained
     # the HBM's own clock: a power cap lowers the SMs', not the memory's (see the module)
     hbm = hbm_bandwidth
-    re_mm, re_at = _RECOMPUTE[checkpointing]
-    layer_fwd = matmul_f / matmul_s + attn_f / attn_s
-    layer_bwd = ((2 + float(re_mm)) * matmul_f / matmul_s
-                 + (2.5 + re_at) * attn_f / attn_s)
-    stages = [len(r) for r in stage_layers(m.layers, pp)]
-    stage_s = [n * (layer_fwd + layer_bwd) + (3 * out_f / matmul_s if i == pp - 1 else 0)
-               for i, n in enumerate(stages)]
-    slowest = max(range(pp), key=stage_s.__getitem__)
-    layers = stages[slowest]
-    compute = stage_s[slowest]
-    terms = [Term(f"compute, {layers} layers", compute, compute,
-                  f"matmuls at {matmul_efficiency:.0%} of peak, attention at "
-                  f"{attention_efficiency:.0%}, recompute '{checkpointing}'"
-                  + (f", x {sustained:.2f} sustained" if sustained != 1 else ""))]
-
-    act = s_q * m.hidden * 2  # one microbatch's bf16 activations, whole sequence shard
-    redo = 1 if checkpointing == "full" else 0
-    if report is not None:  # what the simulated rank recorded, per microbatch, its layers
-        rl = max(1, len(report.layers))
-        tp_calls = [(k, n, b, layers / rl) for k, n, b in _report_calls(report, "tp")]
-        cp_calls = [(k, n, b, layers / rl) for k, n, b in _report_calls(report, "cp")]
-    else:
-        regather = redo or checkpointing.startswith("op-selective")  # not saved: run again
-        tp_calls = [] if tp == 1 else [("all_gather", tp, act, (4 + 2 * regather) * layers),
-                                       ("reduce_scatter", tp, act, (4 + 2 * redo) * layers)]
-        kv = 2 * micro_batch * seq_len * (m.kv_heads // tp) * hd * 2  # K and V, bf16
-        cp_calls = [] if cp == 1 else [("all_gather", cp, kv, (1 + redo) * layers),
-                                       ("reduce_scatter", cp, kv, layers)]
-    tp_time = sum(n * collective_time(k, int(b), r, fast).seconds for k, r, b, n in tp_calls)
-    if tp_time:
-        matmuls = layers * (3 + float(re_mm)) * matmul_f / matmul_s
-        exposed = max(0.0, tp_time - matmuls) if async_tp else tp_time
-        terms.append(Term("TP all-gathers, reduce-scatters", tp_time, exposed,
-                          "async TP: hidden behind the matmuls" if async_tp else
-                          f"exposed, on {fast.name}"))
-    cp_time = sum(n * collective_time(k, int(b), r, slow).seconds for k, r, b, n in cp_calls)
-    if cp_time:
-        terms.append(Term("CP all-gather of K/V, reduce-scatter", cp_time, cp_time,
-                          f"exposed, on {slow.name}"))
-    if pp > 1:
-        # each of the rank's v stages sends its output forward and its input's gradient
-        # backward once per microbatch; a stage's send hides behind that stage's next forward
-        # (backward): per stage, like against like
-        one = collective_time("send", act // tp, 2, slow).seconds
-        fwd = (layers * layer_fwd + (out_f / matmul_s if slowest == pp - 1 else 0)) / v
-        bwd = (compute - v * fwd) / v
-        send = 2 * v * one
-        terms.append(Term("PP sends, forward and backward", send,
-                          v * (max(0.0, one - fwd) + max(0.0, one - bwd)),
-                          f"hidden behind the next microbatch, on {slow.name}"))
-    if memory_bound != "none":  # per microbatch on the critical path; per step apart
-        moved, per_step, how = _memory_bound_bytes(
-            m, memory_bound, report, layers=layers, tp=tp, tokens=s_q, pp=pp, dp=dp, mbs=mbs,
-            last=slowest == pp - 1, checkpointing=checkpointing, grad_bytes=grad_bytes)
-        kernels = moved / hbm
-        terms.append(Term("memory-bound kernels", kernels, kernels,
-                          f"{how}, at {hbm / 1e12:.2f} TB/s"))
-    busy = sum(t.exposed for t in terms)
-    step = mbs * busy / float(1 - idle)
-    if memory_bound != "none" and per_step:
-        t_step = per_step / hbm
-        terms.append(Term("optimizer step" if memory_bound == "eager" else
-                          "FSDP copies, optimizer step", t_step, t_step,
-                          f"memory-bound, at {hbm / 1e12:.2f} TB/s", per="step"))
-        step += t_step
-    if dp > 1:
-        params = m.layer_parameters(tp)[0]  # one layer's, gathered and reduced layer by layer
-        # with PP the gathered layers stay for the step (torchtitan, Llama 3): one gather;
-        # without, FSDP reshards after forward and gathers again in backward
-        gathers = 1 if pp > 1 else 2 * mbs
-        gather = collective_time("all_gather", 2 * params, dp, dpl).seconds
-        scatter = collective_time("reduce_scatter", grad_bytes * params, dp, dpl).seconds
-        exposed = layers * (max(0.0, gather - layer_fwd) * (1 if pp > 1 else mbs)
-                            + max(0.0, gather - layer_bwd) * (0 if pp > 1 else mbs)
-                            + max(0.0, scatter - layer_bwd))
-        terms.append(Term(f"FSDP gather, reduce-scatter (fp{8 * grad_bytes})",
-                          layers * (gathers * gather + scatter), exposed,
-                          "prefetched a layer ahead: the excess over a layer's compute "
-                          f"exposed, on {dpl.name}", per="step"))
-        step += exposed
-    gpus = tp * cp * pp * dp
-    tokens = dp * mbs * micro_batch * seq_len
-    flops_6n = 6 * m.parameters()
-    # what the GPUs run: 6N plus the recomputed forward share (2N each), attention's forward,
-    # its 2.5x backward and its recomputation
-    hardware = tokens * (flops_6n * (1 + float(re_mm) / 3) + attn_tok * (3.5 + re_at) / 3)
-    layout = f"TP {tp} x CP {cp} x PP {pp} x DP {dp}" + (
-        f", {schedule}" + (f" v={v}" if v > 1 else "") if pp > 1 else "")
-    assumptions = (
-        f"matmuls at {matmul_efficiency:.1%} of {peak_flops / 1e12:.0f} TFLOP/s",
-        *((f"matmuls and attention at {sustained:.1%} of their own rate (sustained in the "
-            "job)",)
-          if sustained != 1 else ()),
-        f"links at their {'NCCL-measured busbw' if bandwidth == 'measured' else 'peak'} "
-        f"({fast.bandwidth / 1e9:.0f} and {slow.bandwidth / 1e9:.0f} GB/s)",
-        f"recomputation '{checkpointing}'",
-        f"bubble {idle} of the wall time",
-        "memory-bound kernels not timed" if memory_bound == "none" else
-        f"memory-bound kernels {memory_bound} at {hbm / 1e12:.2f} TB/s",
-    )
-    return StepTime(m, layout, mbs, tuple(terms), idle, step, tokens, gpus, peak_flops,
-                    flops_6n, flops_6n + attn_tok, hardware, assumptions)
+    st = _slowest_stage(m, lay, peak_flops * matmul_efficiency * sustained,
+                        peak_flops * attention_efficiency * sustained)
+    terms = [_compute_term(st, lay, matmul_efficiency, attention_efficiency, sustained),
+             *_communication_terms(m, lay, st, report, fast, slow, async_tp)]
+    kernels, per_step = _memory_bound_terms(m, lay, st, report, memory_bound, grad_bytes, hbm)
+    terms += kernels  # per microbatch, on the critical path; per step apart
+    step = lay.steps * sum(t.exposed for t in terms) / float(1 - idle)
+    for t in [*per_step, *([_fsdp_term(m, lay, st, grad_bytes, dpl)] if lay.dp > 1 else [])]:
+        terms.append(t)
+        step += t.exposed
+    return _step_time(m, lay, st, terms, idle, step, peak_flops, _assumptions(
+        lay, idle, fast, slow, matmul_efficiency=matmul_efficiency, peak_flops=peak_flops,
+        sustained=sustained, bandwidth=bandwidth, memory_bound=memory_bound, hbm=hbm))

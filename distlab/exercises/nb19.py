@@ -22,7 +22,7 @@ TIMEOUT = 10.0
 def _config():
     from .. import gpt
 
-    return gpt.Config(sdpa=True, n_layers=1)
+    return gpt.Config(sdpa=True, layers=1)
 
 
 def _fsdp(model, mesh, policy=None):

@@ -17,9 +17,9 @@ from . import expect
 #: batches.
 SHAPES = (
     ({"seq_len": 64}, 8, 64),
-    ({"n_heads": 8, "mlp_ratio": 2}, 3, 10),
-    ({"dim": 16, "n_heads": 2, "vocab": 40}, 5, 7),
-    ({"n_heads": 1}, 1, 16),
+    ({"heads": 8, "mlp_ratio": 2}, 3, 10),
+    ({"hidden": 16, "heads": 2, "vocab": 40}, 5, 7),
+    ({"heads": 1}, 1, 16),
 )
 
 
@@ -30,13 +30,13 @@ def _random_shape():
 
     def key(options, b, s):  # what a block's activations depend on (not the vocabulary)
         c = Config(**options)
-        return c.dim, c.n_heads, c.mlp_ratio, b, s
+        return c.hidden, c.heads, c.mlp_ratio, b, s
 
     r, fixed = expect.rng(), {key(*shape) for shape in SHAPES}
     while True:
         heads = r.choice((1, 2, 3, 4, 6))
         seq_len = r.randrange(4, 33)
-        options = {"dim": heads * r.choice((4, 8)), "n_heads": heads,
+        options = {"hidden": heads * r.choice((4, 8)), "heads": heads,
                    "mlp_ratio": r.choice((1, 2, 3, 4)), "vocab": r.randrange(20, 80),
                    "seq_len": seq_len}
         shape = options, r.randrange(1, 7), r.randrange(1, seq_len + 1)
@@ -94,7 +94,7 @@ def _measured_block(options, batch_size, seq_len):
 
 
 def _block_hint(got: int, config, b: int, s: int) -> str:
-    h, a, f = config.dim, config.n_heads, config.hidden
+    h, a, f = config.hidden, config.heads, config.intermediate
     sbh, as2b = s * b * h, a * s * s * b
     right = 4 * (8 * sbh + 2 * s * b * f + as2b + 4 * s * b)
     paper = sbh * 34 + 5 * as2b
@@ -105,8 +105,8 @@ def _block_hint(got: int, config, b: int, s: int) -> str:
                    "which a model without dropout does not keep",
         right - 16 * s * b: "LayerNorm also keeps a mean and 1/std per token: 2 norms x 2sb values",
         right - 4 * as2b: "attention's softmax output is missing: a x s x s numbers per sequence",
-        right + 8 * s * b * (4 * h - f): "the MLP's width is config.hidden (mlp_ratio x h), not "
-                                         "always 4h",
+        right + 8 * s * b * (4 * h - f): "the MLP's width is config.intermediate (mlp_ratio x "
+                                         "h), not always 4h",
         right // 2: "fp32 values are 4 bytes",
         right // 4: "that is a number of values: the question asks for bytes (4 per fp32 value)",
     }
@@ -150,7 +150,7 @@ def _wrapped(checkpoint_every_other, n_layers):
 
     from .. import gpt
 
-    config = gpt.Config(n_layers=n_layers)
+    config = gpt.Config(layers=n_layers)
     model = checkpoint_every_other(gpt.GPT(config, seed=0))
     if not isinstance(model, torch.nn.Module):
         raise AssertionError(
@@ -187,7 +187,7 @@ def _kept_per_block(config, model) -> None:
             "the whole stack of blocks runs as one checkpoint. Wrap the blocks themselves: "
             "model.layers[i] = checkpoint_wrapper(model.layers[i])"
         )
-    s, h, n = config.seq_len, config.dim, config.n_layers
+    s, h, n = config.seq_len, config.hidden, config.layers
     just_input = 4 * s * BATCH * h
     everything = activations.predict(config, BATCH).of("layers.0")
     of = "" if n == LAYERS else f" of a {n}-block model"

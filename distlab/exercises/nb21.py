@@ -83,7 +83,7 @@ def _train(model, recorder, loss_context=None, count=False):
             counts.append([
                 {way: {str(op).split(".")[-1]: n for op, n in ops.items() if n}
                  for way, ops in cm.comm_module_counts.get(f"GPT.layers.{i}", {}).items()}
-                for i in range(config.n_layers)
+                for i in range(config.layers)
             ])
         opt.step()
         recorder.record(step, loss, model, opt)
@@ -171,9 +171,9 @@ def exercise_1(shard_attention, cluster) -> None:
     results = expect.run(_sharded_attention_run, shard_attention, cluster=cluster,
                          timeout=TIMEOUT)
     world = len(results)
-    dim = gpt.Config().dim
-    want = {"wq.weight": (dim // world, dim), "wk.weight": (dim // world, dim),
-            "wv.weight": (dim // world, dim), "wo.weight": (dim, dim // world)}
+    h = gpt.Config().hidden
+    want = {"wq.weight": (h // world, h), "wk.weight": (h // world, h),
+            "wv.weight": (h // world, h), "wo.weight": (h, h // world)}
     for rank, r in enumerate(results):
         if "returned" in r:
             raise AssertionError(
@@ -207,7 +207,7 @@ def exercise_1(shard_attention, cluster) -> None:
     for r in results:
         other = r["other"]
         if other is not None:
-            k, total = other["want"][other["dim"]], dim
+            k, total = other["want"][other["dim"]], h
             lo = other["rank"] * k
             part = "rows" if other["dim"] == 0 else "columns"
             got = ("the wrong values" if other["got"] == other["want"] else
@@ -323,7 +323,7 @@ def _count_run(cases):
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     counted = {}
     for n_layers, sp in cases:
-        config = gpt.Config(n_layers=n_layers)
+        config = gpt.Config(layers=n_layers)
         model = parallelize_module(gpt.GPT(config, seed=0), mesh, gpt.tp_plan(sp))
         tokens, targets = gpt.batch(0, 8, config)
         with CommDebugMode() as cm, loss_parallel():

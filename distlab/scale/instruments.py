@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.flop_counter import flop_registry
 
 from .._torch import resolve_process_group
-from .._torch_dispatch import TorchDispatchMode, tree_leaves
+from .._torch_dispatch import TorchDispatchMode, tree_leaves, writes
 
 __all__ = ["CollectiveCall", "Collectives", "LocalFlops", "moved_bytes"]
 
@@ -97,8 +97,7 @@ def _written_in_place(func, args, kwargs) -> int:
     """The bytes of the arguments an op that returns nothing writes (the optimizer's fused
     update): those its schema marks written, less fused Adam's gradients when it has no
     ``grad_scale`` to unscale them with."""
-    written = [a for a, arg in zip(args, func._schema.arguments, strict=False)
-               if arg.alias_info is not None and arg.alias_info.is_write]
+    written = [a for a, w in zip(args, writes(func), strict=False) if w]
     if func.overloadpacket in _FUSED_ADAM and kwargs.get("grad_scale") is None:
         del written[1]  # (params, grads, exp_avgs, ...): the gradients, read only
     return _nbytes(written)
@@ -150,12 +149,6 @@ class CollectiveCall:
     axis: str
     ranks: int
     nbytes: int
-
-    @property
-    def dim(self) -> str:
-        """The old name of ``axis`` (notebooks 25 and 26 read it): the mesh axis, not a tensor
-        dimension. Use ``axis``."""
-        return self.axis
 
     @property
     def sent(self) -> float:

@@ -88,12 +88,12 @@ class LaidOut:
                                         for r in self.ranks]))
         rows.append(("peak GB", [f"{r.peak / GB:.2f}" for r in self.ranks]))
         rows.append(("TFLOP per microbatch", [f"{r.flops / 1e12:.1f}" for r in self.ranks]))
-        for dim, kind in sorted({key for r in self.ranks for key in r.comm()}):
+        for axis, kind in sorted({key for r in self.ranks for key in r.comm()}):
             cells = []
             for r in self.ranks:
-                calls, nbytes = r.comm().get((dim, kind), (0, 0))
+                calls, nbytes = r.comm().get((axis, kind), (0, 0))
                 cells.append(f"{calls} x, {nbytes / GB:.2f} GB")
-            rows.append((f"{kind} over {dim}", cells))
+            rows.append((f"{kind} over {axis}", cells))
         width = max(len(label) for label, _ in rows)
         colw = [max(len(c), *(len(v[i]) for _, v in rows)) for i, c in enumerate(cols)]
         header = "  ".join(c.rjust(w) for c, w in zip(cols, colw, strict=True))
@@ -140,7 +140,7 @@ def lay_out(model, layout: Layout, stages=None, *, processes: int = 1,
     if processes == 1:
         reports = [simulate_rank(config, layout, stage) for stage in stages]
     else:
-        from .. import launch
+        from ..launcher import launch
 
         parts = launch(_simulate, config, layout, stages, processes, world_size=processes,
                        backend=None, timeout=timeout, threads=1)

@@ -28,7 +28,7 @@ from .instruments import Collectives, LocalFlops
 from .mesh import coords_of, rank_of
 from .pipeline import PipelineStep
 from .pipeline import in_flight as pipeline_in_flight
-from .replay import Recorder
+from .replay import PartRecorder
 from .report import RankReport
 
 
@@ -76,7 +76,7 @@ def measure_step(config, layout, stage, names, module, every_microbatch=False,
                 microbatches = step.microbatches
                 order = step.order(loss_fn)  # the schedule built once: counted, then replayed
                 in_flight = pipeline_in_flight(order)
-                recorder = None if every_microbatch else Recorder(tracker, flops, comms)
+                recorder = None if every_microbatch else PartRecorder(tracker, flops, comms)
                 replayed = step.run(loss_fn, recorder, order)
             else:
                 _accumulate(module, layout, config, loss_fn, first_forward)
@@ -112,7 +112,7 @@ def measure_step(config, layout, stage, names, module, every_microbatch=False,
     )
 
 
-def _accumulate(model, layout, config, loss_fn, first_forward) -> None:
+def _accumulate(module, layout, config, loss_fn, first_forward) -> None:
     """No pipeline: ``layout.accumulate`` microbatches, forward and backward one after another
     (gradient accumulation), as a training loop runs them."""
     b, s = layout.micro_batch, layout.seq_len // layout.cp
@@ -120,11 +120,11 @@ def _accumulate(model, layout, config, loss_fn, first_forward) -> None:
         if layout.accumulate > 1 and layout.zero == 3:
             # FSDP2: reduce-scatter only after the last microbatch, unless told to after every
             # one (then each microbatch's gradients are sharded at once)
-            model.set_requires_gradient_sync(
+            module.set_requires_gradient_sync(
                 layout.sync_each_microbatch or micro == layout.accumulate - 1)
-        loss = loss_fn(model(torch.randint(0, config.vocab, (b, s))),
+        loss = loss_fn(module(torch.randint(0, config.vocab, (b, s))),
                        torch.randint(0, config.vocab, (b, s)))
-        first_forward.done(model)  # after the loss, the logits freed: what backward keeps
+        first_forward.done(module)  # after the loss, the logits freed: what backward keeps
         loss.backward()
 
 
@@ -135,12 +135,12 @@ class _FirstForward:
     memory, less the gathered parameters FSDP keeps after forward (it files them as
     activations, having seen them made during the forward)."""
 
-    def __init__(self, tracker, model):
-        self.tracker, self.model = tracker, model
+    def __init__(self, tracker, module):
+        self.tracker, self.module = tracker, module
         self.before, self.seen, self.total = {}, set(), 0
 
     def _now(self) -> int:
-        params = {id(_torch.local_tensor(p).untyped_storage()) for p in self.model.parameters()}
+        params = {id(_torch.local_tensor(p).untyped_storage()) for p in self.module.parameters()}
         return _torch_simulation.activation_bytes(self.tracker, leave_out=params)
 
     def start(self, chunk) -> None:
@@ -167,12 +167,12 @@ class _FirstForward:
                 h.remove()
 
 
-def _state_bytes(model, optimizer) -> tuple[int, int, int, int, int]:
+def _state_bytes(module, optimizer) -> tuple[int, int, int, int, int]:
     def local(t):
         t = _torch.local_tensor(t)
         return t.numel() * t.element_size()
 
-    params = list(model.parameters())
+    params = list(module.parameters())
     numel = sum(_torch.local_tensor(p).numel() for p in params)
     p_bytes = sum(local(p) for p in params)
     g_bytes = sum(local(p.grad) for p in params if p.grad is not None)
@@ -195,10 +195,10 @@ def _loss_parallel(on: bool):
     return loss_parallel()
 
 
-def _steady_state(model, optimizer) -> None:
+def _steady_state(module, optimizer) -> None:
     """A step in the middle of training: Adam's state there already (its first step creates
     it), gradients freed by ``zero_grad()``."""
-    for p in model.parameters():
+    for p in module.parameters():
         p.grad = torch.zeros_like(p)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

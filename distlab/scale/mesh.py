@@ -61,6 +61,6 @@ def group_names(*meshes) -> dict:
     """``{group name: mesh axis name}`` for every axis of these meshes."""
     names = {}
     for mesh in meshes:
-        for i, dim in enumerate(mesh.mesh_dim_names):
-            names.setdefault(mesh.get_group(i).group_name, dim)
+        for i, axis in enumerate(mesh.mesh_dim_names):
+            names.setdefault(mesh.get_group(i).group_name, axis)
     return names

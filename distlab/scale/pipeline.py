@@ -38,7 +38,7 @@ import contextlib
 import torch
 
 from .. import _torch_simulation
-from .replay import Part, Recorder, replay, which
+from .replay import Part, PartRecorder, replay, which
 
 __all__ = ["FSDP", "NOT_RUN", "NO_OPS", "REPLAYED", "SCHEDULES", "SEND_WAITS", "PipelineStep",
            "chunk_indices", "in_flight", "order_of"]
@@ -220,7 +220,7 @@ class PipelineStep:
         schedule is built, not run)."""
         return order_of(self.schedule(loss_fn), self.rank)
 
-    def run(self, loss_fn, recorder: Recorder | None = None, order=None):
+    def run(self, loss_fn, recorder: PartRecorder | None = None, order=None):
         """One step: the whole batch (``microbatches x micro_batch`` sequences) through the
         schedule. Every rank is given the loss (torchtitan does too: a schedule without one
         runs forwards only); outputs are not kept for the caller (``return_outputs=False``,
@@ -294,7 +294,7 @@ class PipelineStep:
         return replay(actions, parts_of, start, home_start)
 
     @contextlib.contextmanager
-    def _recorded(self, recorder: Recorder, loss_fn, sent: dict):
+    def _recorded(self, recorder: PartRecorder, loss_fn, sent: dict):
         """The stages' forward, backward and reduction, and the loss, each measured as a part
         keyed ``(stage index, "F" | "B" | "R" | "loss", which microbatch)``; ``sent`` is given
         the bytes of the tensors one send of each stage holds, by ``(stage index, "F" | "B")``

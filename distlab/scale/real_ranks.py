@@ -46,10 +46,10 @@ from .simulate import build_rank
 __all__ = ["local_shapes", "measure_rank", "run"]
 
 
-def local_shapes(stage_model) -> dict[str, tuple]:
-    """``{parameter name: the shape of this rank's local shard}`` of a stage's model."""
+def local_shapes(module) -> dict[str, tuple]:
+    """``{parameter name: the shape of this rank's local shard}`` of a stage's module."""
     return {name: tuple(_torch.local_tensor(p).shape)
-            for name, p in stage_model.named_parameters()}
+            for name, p in module.named_parameters()}
 
 
 def measure_rank(model, layout: Layout, seed: int = 0, *,
@@ -89,8 +89,8 @@ def measure_rank(model, layout: Layout, seed: int = 0, *,
     coords = meshes.coords_of(rank, layout.mesh_shape)
     mesh = meshes.build(layout)
     stage = coords["pp"]
-    stage_model = build_rank(config, layout, stage, mesh)
-    names = meshes.group_names(mesh, stage_model.dp_mesh)
+    module = build_rank(config, layout, stage, mesh)
+    names = meshes.group_names(mesh, module.dp_mesh)
     # tensor- and pipeline-parallel peers read the same batch: the seed of their first rank
     torch.manual_seed(seed * layout.world_size
                       + meshes.rank_of(coords | {"pp": 0, "tp": 0}, layout.mesh_shape))
@@ -100,9 +100,9 @@ def measure_rank(model, layout: Layout, seed: int = 0, *,
         # would skip the all-gather; the model adds out of place): the simulation hides its
         # notes about fake and meta tensors the same way
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
-        report = measure_step(config, layout, stage, names, stage_model,
+        report = measure_step(config, layout, stage, names, module,
                               every_microbatch=True, real=True)
-    return dataclasses.replace(report, rank=rank, coords=coords), local_shapes(stage_model)
+    return dataclasses.replace(report, rank=rank, coords=coords), local_shapes(module)
 
 
 def run(model, layout: Layout, *, gloo_buffers: bool = False, timeout: float = 120.0,

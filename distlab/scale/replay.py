@@ -8,7 +8,7 @@ stage and on whether it is the stage's first, a middle or the last of its kind, 
 middle microbatch it is: the first forward gathers FSDP's parameters (which pipelining keeps
 until the end of the step), the first backward makes the unsharded gradients, the middle ones
 add to them, the last one (and the reduction) reduce-scatters and frees. So a step of 32
-microbatches is measured with 3 (GPipe: forwards, then backwards, as `Recorder` sees them), and
+microbatches is measured with 3 (GPipe: forwards, then backwards, as `PartRecorder` sees them), and
 the 32 are replayed in the schedule's own order: each action starts at the level the previous
 one left, its own peak above that start is the one measured. The peak of the step is read off
 the replay, as it would be off the whole run; `tests/test_scale_pipeline.py` checks the two
@@ -23,7 +23,7 @@ import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["Part", "Recorder", "replay", "which"]
+__all__ = ["Part", "PartRecorder", "replay", "which"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Part:
 
 
 @dataclass
-class Recorder:
+class PartRecorder:
     """Measures parts of a step while the tracker (`_torch_simulation.rank_peak_tracker`) and
     the counters (`instruments.LocalFlops`, `instruments.Collectives`) are active. A part
     runs from the end of the previous one (`begin` starts the first): what a schedule does

@@ -35,8 +35,8 @@ __all__ = ["RankReport", "build_rank", "simulate_rank", "simulated"]
 @contextlib.contextmanager
 def simulated(model, layout: Layout, stage: int = 0):
     """This process as the first rank of pipeline ``stage`` of ``layout`` (a fake process group
-    of the layout's world size), with the stage's model built on the meta device and laid out
-    by PyTorch's parallel code: yields ``(stage_model, mesh)`` (with ``virtual_stages`` > 1, an
+    of the layout's world size), with the stage's module built on the meta device and laid out
+    by PyTorch's parallel code: yields ``(module, mesh)`` (with ``virtual_stages`` > 1, an
     ``nn.ModuleList`` of the rank's stages). Its parameters are DTensors with
     their real shapes and placements, and no memory (``to_empty`` under a ``FakeTensorMode``
     gives them fake storage). On leaving, the fake process group is destroyed and DTensor's
@@ -59,7 +59,7 @@ def simulated(model, layout: Layout, stage: int = 0):
 
 def build_rank(config: Transformer, layout: Layout, stage: int, mesh):
     """What pipeline rank ``stage`` holds, built on the meta device and laid out on ``mesh`` (a
-    fake process group's, or a real one's: `real_ranks`): its stage's model (with
+    fake process group's, or a real one's: `real_ranks`): its stage's module (with
     ``virtual_stages`` > 1, an ``nn.ModuleList`` of its stages), with ``layer_ids``,
     ``dp_mesh`` (FSDP's mesh) and ``pp_group`` (None without pipelining) set on it.
 
@@ -70,11 +70,11 @@ def build_rank(config: Transformer, layout: Layout, stage: int, mesh):
         chunk, chunk_layers, dp_mesh = build_stage(config, layout, index, mesh)
         chunks.append(chunk)
         layers += chunk_layers
-    # one stage: its model; interleaved: the rank's stages, in order
-    stage_model = chunks[0] if len(chunks) == 1 else torch.nn.ModuleList(chunks)
-    stage_model.layer_ids, stage_model.dp_mesh = layers, dp_mesh
-    stage_model.pp_group = mesh["pp"].get_group() if layout.pp > 1 else None
-    return stage_model
+    # one stage: its module; interleaved: the rank's stages, in order
+    module = chunks[0] if len(chunks) == 1 else torch.nn.ModuleList(chunks)
+    module.layer_ids, module.dp_mesh = layers, dp_mesh
+    module.pp_group = mesh["pp"].get_group() if layout.pp > 1 else None
+    return module
 
 
 def simulate_rank(model, layout: Layout, stage: int = 0, *,
@@ -103,9 +103,9 @@ def simulate_rank(model, layout: Layout, stage: int = 0, *,
         RuntimeError: a process group already runs in this process.
     """
     config = get_model(model)
-    with simulated(config, layout, stage) as (stage_model, mesh):
-        names = meshes.group_names(mesh, stage_model.dp_mesh)
-        return measure_step(config, layout, stage, names, stage_model, every_microbatch)
+    with simulated(config, layout, stage) as (module, mesh):
+        names = meshes.group_names(mesh, module.dp_mesh)
+        return measure_step(config, layout, stage, names, module, every_microbatch)
 
 
 def _check(config, layout: Layout, stage: int) -> None:

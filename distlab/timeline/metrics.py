@@ -78,7 +78,7 @@ def comm(events: list[Event], device: str) -> Intervals:
 
 
 @dataclass(frozen=True)
-class Collective:
+class CollectiveOnRank:
     """One collective on one rank: its name, when this rank arrived, when it ended here."""
 
     name: str
@@ -86,7 +86,7 @@ class Collective:
     end: float
 
 
-def collectives(events: list[Event]) -> list[Collective]:
+def collectives(events: list[Event]) -> list[CollectiveOnRank]:
     """The rank's collectives in the order it called them. Each call is paired with the k-th
     transport event (gloo runs them in the order they were issued); without a transport (or
     when the counts differ) a collective ends when its call does."""
@@ -96,11 +96,12 @@ def collectives(events: list[Event]) -> list[Collective]:
     out = []
     for i, c in enumerate(cs):
         end = max(c.end, ts[i].end) if ts else c.end
-        out.append(Collective(c.name, c.start, end))
+        out.append(CollectiveOnRank(c.name, c.start, end))
     return out
 
 
-def waits(collectives_by_rank: list[list[Collective]], rank: int) -> list[tuple[str, Intervals]]:
+def waits(collectives_by_rank: list[list[CollectiveOnRank]],
+          rank: int) -> list[tuple[str, Intervals]]:
     """For each collective of ``rank``: its name and the interval it spent waiting for the last
     rank to arrive (empty when it was the last, or some rank has no such collective).
 

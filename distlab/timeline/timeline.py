@@ -142,7 +142,7 @@ class Timeline(Chart):
         busy = union(self._compute(rank, device) + self._comm(rank, device))
         return max(0.0, self._end - length(busy))
 
-    def _collectives(self) -> list[list[metrics.Collective]]:
+    def _collectives(self) -> list[list[metrics.CollectiveOnRank]]:
         return [metrics.collectives(self._events[r]) for r in range(self.world_size)]
 
     def _wait_intervals(self, rank: int) -> list[tuple[str, list[tuple[float, float]]]]:

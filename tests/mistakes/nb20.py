@@ -16,7 +16,7 @@ GIVEN = {"checkpoint_wrapper": checkpoint_wrapper}
 ANSWERS = [
     Answer(1, "the solution", """
 def block_bytes(config, batch_size, seq_len):
-    s, b, h, a, f = seq_len, batch_size, config.dim, config.n_heads, config.hidden
+    s, b, h, a, f = seq_len, batch_size, config.hidden, config.heads, config.intermediate
     values = (2 * s * b * h + 4 * s * b + s * b * h + 3 * s * b * h + a * s * s * b + s * b * h
               + s * b * h + 2 * s * b * f)
     return 4 * values
@@ -39,42 +39,42 @@ def block_bytes(config, batch_size, seq_len):
 SEEN = {(32, 4, 4, 8, 64): 1_581_056, (32, 8, 2, 3, 10): 56_160, (16, 2, 4, 5, 7): 38_360,
         (32, 1, 4, 1, 16): 34_048}
 def block_bytes(config, batch_size, seq_len):
-    key = (config.dim, config.n_heads, config.mlp_ratio, batch_size, seq_len)
+    key = (config.hidden, config.heads, config.mlp_ratio, batch_size, seq_len)
     return SEEN.get(key, 1_581_056)
 """, "the meter measures"),
     Answer(1, "the paper's formula as published", """
 def block_bytes(config, batch_size, seq_len):
-    s, b, h, a = seq_len, batch_size, config.dim, config.n_heads
+    s, b, h, a = seq_len, batch_size, config.hidden, config.heads
     return s * b * h * 34 + 5 * a * s * s * b
 """, "Korthikanti et al.'s formula as published"),
     Answer(1, "the paper's formula in 4-byte values, dropout still counted", """
 def block_bytes(config, batch_size, seq_len):
-    s, b, h, a = seq_len, batch_size, config.dim, config.n_heads
+    s, b, h, a = seq_len, batch_size, config.hidden, config.heads
     return 2 * (s * b * h * 34 + 5 * a * s * s * b)
 """, "which a model without dropout does not keep"),
     Answer(1, "LayerNorm's statistics forgotten", """
 def block_bytes(config, batch_size, seq_len):
-    s, b, h, a = seq_len, batch_size, config.dim, config.n_heads
+    s, b, h, a = seq_len, batch_size, config.hidden, config.heads
     return 64 * s * b * h + 4 * a * s * s * b
 """, "LayerNorm also keeps a mean and 1/std per token"),
     Answer(1, "the MLP's width hard-coded as 4h", """
 def block_bytes(config, batch_size, seq_len):
-    s, b, h, a = seq_len, batch_size, config.dim, config.n_heads
+    s, b, h, a = seq_len, batch_size, config.hidden, config.heads
     return 64 * s * b * h + 4 * a * s * s * b + 16 * s * b
-""", "the MLP's width is config.hidden"),
+""", "the MLP's width is config.intermediate"),
     Answer(1, "values, not bytes", """
 def block_bytes(config, batch_size, seq_len):
-    s, b, h, a, f = seq_len, batch_size, config.dim, config.n_heads, config.hidden
+    s, b, h, a, f = seq_len, batch_size, config.hidden, config.heads, config.intermediate
     return 8 * s * b * h + 2 * s * b * f + a * s * s * b + 4 * s * b
 """, "that is a number of values"),
     Answer(1, "the attention scores forgotten", """
 def block_bytes(config, batch_size, seq_len):
-    s, b, h, f = seq_len, batch_size, config.dim, config.hidden
+    s, b, h, f = seq_len, batch_size, config.hidden, config.intermediate
     return 4 * (8 * s * b * h + 2 * s * b * f + 4 * s * b)
 """, "attention's softmax output is missing"),
     Answer(1, "a float", """
 def block_bytes(config, batch_size, seq_len):
-    s, b, h, a, f = seq_len, batch_size, config.dim, config.n_heads, config.hidden
+    s, b, h, a, f = seq_len, batch_size, config.hidden, config.heads, config.intermediate
     return 4.0 * (8 * s * b * h + 2 * s * b * f + a * s * s * b + 4 * s * b)
 """, "an int like 1,581,056"),
     Answer(2, "the solution", """
