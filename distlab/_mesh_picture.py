@@ -88,6 +88,7 @@ class MeshPicture(Chart):
 
     def figure(self):
         """A new matplotlib ``Figure`` of the layout (not shown by pyplot; save or display it)."""
+        from matplotlib.collections import PatchCollection
         from matplotlib.figure import Figure
         from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
@@ -115,6 +116,7 @@ class MeshPicture(Chart):
         def y_of(i):  # the top of row i
             return -i * row
 
+        fills, colours, slots, nodes = [], [], [], []  # drawn as three collections: fast
         for i, dp_rank in enumerate(rows):
             y = y_of(i)
             ax.text(left - 0.15, y - 0.5, f"dp {dp_rank}", ha="right", va="center", fontsize=8,
@@ -126,15 +128,12 @@ class MeshPicture(Chart):
                 rank = col if col < cols - 1 or pp == cols else pp - 1
                 x = x_of(col)
                 for k in range(v):
-                    ax.add_patch(Rectangle((x + k * w / v, y - 1), w / v, 1.0,
-                                           facecolor=strips[k % len(strips)], edgecolor="none",
-                                           alpha=0.85 if rank in (0, pp - 1) else 0.55))
-                for g in range(tp):  # the node's GPUs, as slots across the strips
-                    ax.add_patch(Rectangle((x + 0.04, y - 1 + 0.04 + g * 0.92 / tp), w - 0.08,
-                                           0.92 / tp * 0.8, fill=False, edgecolor=INK,
-                                           linewidth=0.35))
-                ax.add_patch(Rectangle((x, y - 1), w, 1.0, fill=False, edgecolor=INK,
-                                       linewidth=0.8))
+                    fills.append(Rectangle((x + k * w / v, y - 1), w / v, 1.0))
+                    colours.append(strips[k % len(strips)] + ("D9" if rank in (0, pp - 1)
+                                                              else "8C"))  # alpha .85, .55
+                slots.extend(Rectangle((x + 0.04, y - 1 + 0.04 + g * 0.92 / tp), w - 0.08,
+                                       0.92 / tp * 0.8) for g in range(tp))  # the node's GPUs
+                nodes.append(Rectangle((x, y - 1), w, 1.0))
                 if i == 0:
                     ax.text(x + w / 2, y + 0.12, str(rank), ha="center", va="bottom",
                             fontsize=7, color=INK)
@@ -142,6 +141,11 @@ class MeshPicture(Chart):
                         ax.text(x + (k + 0.5) * w / v, y - 0.5, str(stage), ha="center",
                                 va="center", fontsize=6.5 if v <= 2 else 5, color=INK,
                                 fontweight="bold")
+        ax.add_collection(PatchCollection(fills, facecolors=colours, edgecolors="none"))
+        ax.add_collection(PatchCollection(slots, facecolors="none", edgecolors=INK,
+                                          linewidths=0.35))
+        ax.add_collection(PatchCollection(nodes, facecolors="none", edgecolors=INK,
+                                          linewidths=0.8))
         ax.text(left - 0.15, y_of(0) + 0.2, "pipeline rank", ha="right", va="bottom",
                 fontsize=7, color=INK)
         if pp > cols:
