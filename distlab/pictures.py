@@ -22,6 +22,13 @@ the same colour on both sides, so the eye follows the data. It also has a plain-
 What a rank holds can be a tensor (shown as a row of cells), a list of tensors (list-style
 arguments such as ``scatter_list``/``gather_list``: groups of cells, side by side) or ``None``
 (the rank holds nothing there: a ``-``).
+
+`mesh` draws a whole training layout instead: which GPUs share a node, which pipeline stages each
+pipeline rank holds, which ranks form an FSDP group, and which links each kind of parallelism
+uses (notebook 25):
+
+    pictures.mesh(scale.Layout(dp=128, tp=8, pp=16, schedule="Interleaved1F1B",
+                               virtual_stages=2), "Llama-3 405B")
 """
 
 from __future__ import annotations
@@ -32,9 +39,10 @@ from dataclasses import dataclass
 
 from ._chart import BACKGROUND, FAINT, INK, MISSING, OKABE_ITO, Chart
 from ._config import check_int
+from ._mesh_picture import MeshPicture
 from .errors import InputError, InputTypeError
 
-__all__ = ["Cell", "Picture", "collective"]
+__all__ = ["Cell", "MeshPicture", "Picture", "collective", "mesh"]
 
 
 # Layout, in cell widths.
@@ -362,6 +370,52 @@ def collective(
         max_cells=max_cells,
     )
 
+
+
+def mesh(layout, model, *, rows_shown=3) -> MeshPicture:
+    """Draw a training layout: nodes of ``tp`` GPUs, one column per pipeline rank, one row per
+    data-parallel rank, each pipeline rank's stages and layers, its FSDP group and the links.
+
+    Args:
+        layout: a `distlab.scale.Layout` (or `distlab.calculators.Layout`: the same class); its
+            ``pp``, ``dp``, ``tp``, ``cp``, ``replicate``, ``virtual_stages`` and ``schedule``
+            are drawn.
+        model: what the layers are split from: a preset's name (``"Llama-3 405B"``) or a
+            `distlab.calculators.Transformer`; its layers go to the ``pp x virtual_stages``
+            stages as `distlab.calculators.stage_layers` splits them.
+        rows_shown: how many data-parallel rows to draw: the first ``rows_shown - 1`` and the
+            last (at least 2).
+
+    Returns:
+        A `MeshPicture`: shown as an image in Jupyter, as text (one line per pipeline rank) by
+        ``print``.
+
+    Raises:
+        TypeError: ``layout`` is not a Layout (build one: ``scale.Layout(dp=..., tp=..., pp=...)``)
+            or ``rows_shown`` is not an int >= 2.
+        ValueError: ``model`` is not a preset or a Transformer, or its layers do not split into
+            the layout's stages (the message names the stage counts that work).
+    """
+    from .calculators.models import Transformer, get_model, stage_layers
+
+    needed = ("pp", "dp", "tp", "cp", "replicate", "virtual_stages", "schedule")
+    if not all(hasattr(layout, name) for name in needed):
+        raise InputTypeError(
+            f"layout must be a distlab.scale.Layout, got {type(layout).__name__}; build one: "
+            "scale.Layout(dp=128, tp=8, pp=16)"
+        )
+    check_int(rows_shown, "rows_shown", low=2, error=TypeError)
+    model = get_model(model)
+    if not isinstance(model, Transformer):
+        raise InputError(f"model must be a transformer (a preset's name or a Transformer), got "
+                         f"{model!r}: a picture of stages needs its layers")
+    stages = layout.pp * layout.virtual_stages
+    return MeshPicture(
+        model.name,
+        pp=layout.pp, dp=layout.dp, tp=layout.tp, cp=layout.cp, replicate=layout.replicate,
+        virtual_stages=layout.virtual_stages, schedule=layout.schedule,
+        layers=stage_layers(model.layers, stages), rows_shown=rows_shown,
+    )
 
 # --- input ------------------------------------------------------------------------------------
 

@@ -197,6 +197,35 @@ def test_nb25_min_tokens_rounded_to_the_nearest_never_passes_and_the_ceiling_alw
     assert _passes(nb25.exercise_2, _min_tokens) == 300
 
 
+
+def _split_as_exercise_3_says(layers: int, pp: int) -> list[int] | None:
+    """Notebook 25's exercise 3, in its words: every stage ceil(layers / pp) layers, the
+    difference taken from the first and last stages a layer at a time (the first, the last, the
+    first, ...); no split (None) when that would empty a stage."""
+    sizes = [-(-layers // pp)] * pp
+    for k in range(sizes[0] * pp - layers):
+        sizes[-1 if k % 2 else 0] -= 1
+    return None if min(sizes) < 1 else sizes
+
+
+def test_nb25_exercise_3_states_the_rule_stage_layers_follows():
+    from distlab.calculators import CalculatorError, stage_layers
+
+    for layers in range(24, 97):  # every depth exercise 3 draws, every pp it asks for
+        for pp in nb25.PP_TRIED:
+            try:
+                got = [len(r) for r in stage_layers(layers, pp)]
+            except CalculatorError:
+                got = None
+            assert got == _split_as_exercise_3_says(layers, pp), (layers, pp, got)
+            assert nb25._splits(nb25._draw_model(random.Random(0), layers), pp) == (got is not None)
+    # the text's example, and the splits the old text's rule ("pp divides the layers, or the
+    # layers + 2") refused
+    assert [pp for pp in range(1, 17) if _split_as_exercise_3_says(30, pp)] == [*range(1, 12),
+                                                                                15, 16]
+    assert _split_as_exercise_3_says(25, 2) == [12, 13]
+    assert _split_as_exercise_3_says(24, 5) == [4, 5, 5, 5, 5]
+
 # -- notebook 26: a 3-D mesh ------------------------------------------------------------------
 
 

@@ -150,3 +150,76 @@ def test_arrows_sharing_a_rank_fan_out_over_its_cell():
     assert pictures._spread([3, 3, 3], [0, 1, 2]) == [0.3, 0.0, -0.3]
     # One arrow per end: each meets the middle of its cell.
     assert pictures._spread([0, 1], [2, 2]) == [0.0, 0.0]
+
+
+# -- mesh: a whole training layout -------------------------------------------------------------
+
+
+def _layout(**knobs):
+    from distlab import scale
+
+    return scale.Layout(**knobs)
+
+
+PAPER_405B = dict(dp=128, tp=8, pp=16, microbatches=16, schedule="Interleaved1F1B",
+                  virtual_stages=2)
+
+
+def test_mesh_gives_each_pipeline_rank_its_interleaved_stages_and_their_layers():
+    lines = pictures.mesh(_layout(**PAPER_405B), "Llama-3 405B").text().splitlines()
+    assert lines[0] == ("Llama-3 405B on 16,384 GPUs: pp 16 x dp 128 x tp 8; Interleaved1F1B, "
+                        "2 stages per pipeline rank")
+    # rank r holds stages r and r + 16 (not 2r and 2r + 1); the first and last stage a layer
+    # lighter, with the embedding and the output layer
+    assert lines[1] == "pipeline rank  0: stages 0 (layers 0-2 + the embedding), 16 (layers 63-66)"
+    assert lines[2] == "pipeline rank  1: stages 1 (layers 3-6), 17 (layers 67-70)"
+    assert lines[16] == ("pipeline rank 15: stages 15 (layers 59-62), 31 (layers 123-125 + the "
+                         "output layer)")
+    assert len(lines) == 18
+    assert lines[-1].startswith("inside a node (8 GPUs): tp 8, on NVLink; across nodes, on the "
+                                "network: pp") and "among the 128 copies" in lines[-1]
+
+
+def test_mesh_without_interleaving_holds_every_layer_once_in_order():
+    pic = pictures.mesh(_layout(dp=4, tp=2, pp=4, cp=2), "Llama-3 8B")
+    lines = pic.text().splitlines()
+    assert lines[0] == ("Llama-3 8B on 64 GPUs: pp 4 x dp 4 x cp 2 x tp 2; 1F1B, 1 stage per "
+                        "pipeline rank")
+    assert lines[1] == "pipeline rank 0: stage 0 (layers 0-7 + the embedding)"
+    assert lines[4] == "pipeline rank 3: stage 3 (layers 24-31 + the output layer)"
+    assert lines[-1].startswith("inside a node (4 GPUs): tp 2 x cp 2, on NVLink")
+    held = [layer for rank in range(4) for s in pic.stages(rank) for layer in pic.layers[s]]
+    assert held == list(range(32))
+
+
+def test_mesh_of_many_pipeline_ranks_shows_the_ends_and_draws_inside_its_figure():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    pic = pictures.mesh(_layout(dp=2, tp=8, pp=32, schedule="Interleaved1F1B", virtual_stages=2),
+                        "Llama-3 405B", rows_shown=2)
+    lines = pic.text().splitlines()
+    assert [line.split(":")[0] for line in lines[1:6]] == [
+        "pipeline rank  0", "pipeline rank  1", "...", "pipeline rank 30", "pipeline rank 31"]
+    for layout, rows in ((_layout(**PAPER_405B), 3), (_layout(dp=2, tp=8, pp=32), 2)):
+        fig = pictures.mesh(layout, "Llama-3 405B", rows_shown=rows).figure()
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        for text in fig.axes[0].texts:
+            box = text.get_window_extent(renderer)
+            assert box.x0 >= 0 and box.x1 <= fig.bbox.x1, text.get_text()
+            assert box.y0 >= 0 and box.y1 <= fig.bbox.y1, text.get_text()
+    assert pic.png()[:8] == b"\x89PNG\r\n\x1a\n" and pic._repr_png_()[1]["width"] > 0
+
+
+def test_mesh_refuses_what_it_cannot_draw_and_says_what_to_pass():
+    from distlab.calculators import CalculatorError
+
+    with pytest.raises(TypeError, match=r"layout must be a distlab.scale.Layout, got dict"):
+        pictures.mesh(dict(dp=8), "Llama-3 8B")
+    with pytest.raises(TypeError, match="rows_shown"):
+        pictures.mesh(_layout(dp=8), "Llama-3 8B", rows_shown=1)
+    with pytest.raises(ValueError, match="needs its layers"):
+        pictures.mesh(_layout(dp=8), 10**9)
+    with pytest.raises(CalculatorError, match="choose pp in"):  # 32 layers on 64 stages
+        pictures.mesh(_layout(pp=16, schedule="Interleaved1F1B", virtual_stages=4), "Llama-3 8B")

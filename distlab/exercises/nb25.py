@@ -299,8 +299,9 @@ def fewest_stages_truth(model, capacity: int):
 
 
 def _splits(model, pp: int) -> bool:
-    """Whether ``model``'s layers split into ``pp`` stages (`calculators.stage_layers`: pp
-    divides the layers, or the layers + 2 with the first and last stage a layer lighter)."""
+    """Whether ``model``'s layers split into ``pp`` stages (`calculators.stage_layers`: every
+    stage ``ceil(layers / pp)`` layers, the difference taken from the first and last stages a
+    layer at a time; no split when that empties one)."""
     from ..calculators import CalculatorError, stage_layers
 
     try:
