@@ -154,3 +154,55 @@ def test_survivors_get_the_timeout_after_a_death_not_a_moment():
     outcome = faults.launch(_survivor_needs_3_seconds, faults.Crash(rank=1, step=1),
                             world_size=2, backend=None, timeout=60)
     assert outcome == ["finished", None] and outcome.dead == [1] and outcome.survivors == [0]
+
+
+def _regroup_without_rank_1(path, reverse):
+    """3 ranks all-reduce; rank 1 leaves; 0 and 2 exchange handles through the store and
+    reconfigure (in ``reverse`` order: 2 becomes rank 0), then all-reduce again."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    me = int(os.environ["RANK"])
+    store = dist.FileStore(os.path.join(path, "store"), 3)
+    dist.init_process_group("gloo", store=store, rank=me, world_size=3, enable_reconfigure=True,
+                            timeout=datetime.timedelta(seconds=20))
+    group = dist.group.WORLD
+    x = torch.tensor([10.0 ** me])
+    dist.all_reduce(x)
+    if me == 1:
+        return x.item(), None
+    members = [2, 0] if reverse else [0, 2]
+    here = dist.PrefixStore("generation-1", store)
+    here.set(str(me), group.get_reconfigure_handle())
+    faults.reconfigure(group, 1, [here.get(str(m)).decode() for m in members])
+    y = torch.tensor([10.0 ** me])
+    dist.all_reduce(y, group=group)
+    return x.item(), (group.rank(), group.size(), y.item())
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_reconfigure_rebuilds_the_group_on_the_members_in_the_handles_order(tmp_path, reverse):
+    results = distlab.launch(_regroup_without_rank_1, str(tmp_path), reverse, world_size=3,
+                             backend=None, timeout=60)
+    assert [x for x, _ in results] == [111.0] * 3
+    ranks = (1, 0) if reverse else (0, 1)
+    assert [after for _, after in results] == [(ranks[0], 2, 101.0), None, (ranks[1], 2, 101.0)]
+
+
+def _reconfigure_refused(handles):
+    import torch.distributed as dist
+
+    try:
+        faults.reconfigure(dist.group.WORLD, 1, handles)
+    except distlab.InputError as e:
+        return str(e)
+    return "accepted"
+
+
+def test_reconfigure_refuses_a_group_made_without_it_and_no_handles():
+    no_option, no_handles = distlab.launch(_reconfigure_refused, ["x"], world_size=1)[0], \
+        distlab.launch(_reconfigure_refused, [], world_size=1)[0]
+    assert "enable_reconfigure=True" in no_option
+    assert "get_reconfigure_handle()" in no_handles
