@@ -157,8 +157,8 @@ def test_survivors_get_the_timeout_after_a_death_not_a_moment():
 
 
 def _regroup_without_rank_1(path, reverse):
-    """3 ranks all-reduce; rank 1 leaves; 0 and 2 exchange handles through the store and
-    reconfigure (in ``reverse`` order: 2 becomes rank 0), then all-reduce again."""
+    """3 ranks meet and all-reduce; rank 1 leaves; 0 and 2 exchange handles through the store
+    and reconfigure (in ``reverse`` order: 2 becomes rank 0), then all-reduce again."""
     import datetime
 
     import torch
@@ -169,14 +169,18 @@ def _regroup_without_rank_1(path, reverse):
     dist.init_process_group("gloo", store=store, rank=me, world_size=3, enable_reconfigure=True,
                             timeout=datetime.timedelta(seconds=20))
     group = dist.group.WORLD
+
+    def meet(generation, members):
+        here = dist.PrefixStore(f"generation-{generation}", store)
+        here.set(str(me), group.get_reconfigure_handle())
+        faults.reconfigure(group, generation, [here.get(str(m)).decode() for m in members])
+
+    meet(1, [0, 1, 2])  # no members until the first reconfigure
     x = torch.tensor([10.0 ** me])
     dist.all_reduce(x)
     if me == 1:
         return x.item(), None
-    members = [2, 0] if reverse else [0, 2]
-    here = dist.PrefixStore("generation-1", store)
-    here.set(str(me), group.get_reconfigure_handle())
-    faults.reconfigure(group, 1, [here.get(str(m)).decode() for m in members])
+    meet(2, [2, 0] if reverse else [0, 2])
     y = torch.tensor([10.0 ** me])
     dist.all_reduce(y, group=group)
     return x.item(), (group.rank(), group.size(), y.item())
@@ -194,9 +198,11 @@ def test_reconfigure_rebuilds_the_group_on_the_members_in_the_handles_order(tmp_
 def _reconfigure_refused(handles):
     import torch.distributed as dist
 
+    from distlab.errors import InputError
+
     try:
         faults.reconfigure(dist.group.WORLD, 1, handles)
-    except distlab.InputError as e:
+    except InputError as e:
         return str(e)
     return "accepted"
 
