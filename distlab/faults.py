@@ -151,15 +151,15 @@ def reconfigure(group, generation: int, handles: list[str]) -> None:
 
     Raises:
         InputError: torch older than 2.14 (rebuild the group with ``init_process_group`` on a
-            new store instead), or a group that cannot be reconfigured (make it with
-            ``enable_reconfigure=True``; NCCL's cannot: use ``dist.shrink_group`` there), or
-            no handles.
+            new store instead), a group whose backend cannot be reconfigured (NCCL's: use
+            ``dist.shrink_group`` there), or no handles. A gloo group made without
+            ``enable_reconfigure=True``, or a handle that is not one, is torch's RuntimeError.
     """
     if not handles:
         raise InputError("reconfigure(..., handles=[]): give every member's "
                          "group.get_reconfigure_handle(), in the new rank order")
     if not getattr(group, "supports_reconfigure", False):
-        raise InputError(f"{type(group).__name__} cannot be reconfigured: make it with "
-                         "init_process_group(\"gloo\", ..., enable_reconfigure=True) (torch >= "
-                         "2.14); NCCL's groups shrink with dist.shrink_group instead")
+        raise InputError(f"{type(group).__name__}'s backend cannot be reconfigured: make a gloo "
+                         "group with init_process_group(\"gloo\", ..., enable_reconfigure=True) "
+                         "(torch >= 2.14); NCCL's groups shrink with dist.shrink_group instead")
     group.reconfigure(_torch.reconfigure_options(generation, handles)).wait()
