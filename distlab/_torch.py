@@ -284,3 +284,22 @@ def future_type() -> type:
 # LOCKED equal to the Makefile's pin.
 LOCKED = "2.15.0"
 TRIED = ("2.13.0", "2.14.1", "2.15.0")
+
+
+def reconfigure_options(uuid: int, handles: list[str]):
+    """The options of ``ProcessGroup.reconfigure`` (torch >= 2.14, experimental): a new
+    membership named ``uuid`` (the same on every member), and the members' handles in rank
+    order. torch has no public name for them: ``torch._C._distributed_c10d.ReconfigureOptions``.
+    Replaced by: nothing yet (torch 2.15's ``dist.split_group`` makes a smaller group on gloo
+    too, but cannot grow one back)."""
+    from torch._C import _distributed_c10d as c10d
+
+    if not hasattr(c10d, "ReconfigureOptions"):
+        import torch
+
+        raise InputError(f"torch {torch.__version__} has no ProcessGroup.reconfigure (torch 2.14 "
+                         "added it); on older releases rebuild the group with "
+                         "init_process_group on a new store, as a restart does")
+    options = c10d.ReconfigureOptions()
+    options.uuid, options.handles = uuid, list(handles)
+    return options

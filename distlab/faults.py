@@ -16,7 +16,8 @@ waits for the survivors instead; the dead rank's process and everything it start
 it returns, as are all the others.
 
 What the survivors do (catch the error, build a new group, heal a replacement) is left to the
-learner's code: that is notebook 27's lesson.
+learner's code: that is notebook 27's lesson. `reconfigure` is the one call of it that needs
+torch's private code (its options have no public name), kept here behind a public door.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from . import _config, launcher
+from . import _config, _torch, launcher
 from .errors import InputError, InputTypeError, RankFailure, entry_point
 
 #: How a `Crash` ends its rank: an exit code (as abrupt as a crash: no exception, no clean-up,
@@ -134,3 +135,31 @@ def launch(fn, *args, world_size: int = 2, backend: str | None = "auto", timeout
 
 
 __all__ = ["Crash", "HOW", "Outcome", "launch"]
+
+
+def reconfigure(group, generation: int, handles: list[str]) -> None:
+    """Rebuild ``group`` on a new list of members, in place, and wait until it is done:
+    ``group.reconfigure(options).wait()`` (torch >= 2.14, experimental; gloo).
+
+    Args:
+        group: a process group made by ``init_process_group(..., enable_reconfigure=True)``
+            (``group.supports_reconfigure`` is True).
+        generation: an int naming this membership: the same on every member, a new one at
+            each change (the members must agree on it, as on ``handles``).
+        handles: the members' ``group.get_reconfigure_handle()`` strings, in their new rank
+            order (the i-th becomes rank i); the members exchange them themselves (a store).
+
+    Raises:
+        InputError: torch older than 2.14 (rebuild the group with ``init_process_group`` on a
+            new store instead), a group whose backend cannot be reconfigured (NCCL's: use
+            ``dist.shrink_group`` there), or no handles. A gloo group made without
+            ``enable_reconfigure=True``, or a handle that is not one, is torch's RuntimeError.
+    """
+    if not handles:
+        raise InputError("reconfigure(..., handles=[]): give every member's "
+                         "group.get_reconfigure_handle(), in the new rank order")
+    if not getattr(group, "supports_reconfigure", False):
+        raise InputError(f"{type(group).__name__}'s backend cannot be reconfigured: make a gloo "
+                         "group with init_process_group(\"gloo\", ..., enable_reconfigure=True) "
+                         "(torch >= 2.14); NCCL's groups shrink with dist.shrink_group instead")
+    group.reconfigure(_torch.reconfigure_options(generation, handles)).wait()

@@ -154,3 +154,53 @@ def test_survivors_get_the_timeout_after_a_death_not_a_moment():
     outcome = faults.launch(_survivor_needs_3_seconds, faults.Crash(rank=1, step=1),
                             world_size=2, backend=None, timeout=60)
     assert outcome == ["finished", None] and outcome.dead == [1] and outcome.survivors == [0]
+
+
+def _regroup_without_rank_1(path, reverse):
+    """3 ranks meet and all-reduce; rank 1 leaves; 0 and 2 exchange handles through the store
+    and reconfigure (in ``reverse`` order: 2 becomes rank 0), then all-reduce again."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    me = int(os.environ["RANK"])
+    store = dist.FileStore(os.path.join(path, "store"), 3)
+    dist.init_process_group("gloo", store=store, rank=me, world_size=3, enable_reconfigure=True,
+                            timeout=datetime.timedelta(seconds=20))
+    group = dist.group.WORLD
+
+    def meet(generation, members):
+        here = dist.PrefixStore(f"generation-{generation}", store)
+        here.set(str(me), group.get_reconfigure_handle())
+        faults.reconfigure(group, generation, [here.get(str(m)).decode() for m in members])
+
+    meet(1, [0, 1, 2])  # no members until the first reconfigure
+    x = torch.tensor([10.0 ** me])
+    dist.all_reduce(x)
+    if me == 1:
+        return x.item(), None
+    meet(2, [2, 0] if reverse else [0, 2])
+    y = torch.tensor([10.0 ** me])
+    dist.all_reduce(y, group=group)
+    return x.item(), (group.rank(), group.size(), y.item())
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_reconfigure_rebuilds_the_group_on_the_members_in_the_handles_order(tmp_path, reverse):
+    results = distlab.launch(_regroup_without_rank_1, str(tmp_path), reverse, world_size=3,
+                             backend=None, timeout=60)
+    assert [x for x, _ in results] == [111.0] * 3
+    ranks = (1, 0) if reverse else (0, 1)
+    assert [after for _, after in results] == [(ranks[0], 2, 101.0), None, (ranks[1], 2, 101.0)]
+
+
+def test_reconfigure_refuses_a_group_that_cannot_and_no_handles():
+    from types import SimpleNamespace
+
+    from distlab.errors import InputError
+
+    with pytest.raises(InputError, match="shrink_group"):  # NCCL's, or a backend without it
+        faults.reconfigure(SimpleNamespace(supports_reconfigure=False), 1, ["handle"])
+    with pytest.raises(InputError, match="get_reconfigure_handle"):
+        faults.reconfigure(SimpleNamespace(supports_reconfigure=True), 1, [])

@@ -283,3 +283,133 @@ def exercise_2(step_traffic) -> None:
                     f"on {_shape(pp, dp, tp)}, rank {rank} (stage {p}, dp {d}, tp {t}): its "
                     f"{kind} ({carries}) goes over {axis}, to {want[kind]}; {call}[{kind!r}] "
                     f"says {sorted(value)}{_traffic_hint(kind, list(value), rank, pp, dp, tp)}")
+
+
+# -- exercise 3: how many collectives, on which axis --
+
+#: What exercise 3 counts, in the notebook's cell 7's spelling: (mesh axis, kind).
+COUNTED = (("pp", "send"), ("pp", "recv"), ("dp", "all_gather"), ("dp", "reduce_scatter"),
+           ("tp", "all_reduce"))
+#: Megatron's f and g in one block of the tiny GPT (`gpt.tp_plan`, no sequence parallelism):
+#: g forward after the row-parallel ``wo`` and ``w2``, f backward before the column-parallel
+#: ``wq``, ``wk``, ``wv`` and ``w1``.
+F_AND_G_PER_BLOCK = 2 + 4
+#: `loss_parallel`'s all-reduces over the vocabulary shards, per microbatch: the max, the sum
+#: of exponentials, the target's logit.
+LOSS_PARALLEL = 3
+
+
+def expected_collectives(stage: int, blocks: int, microbatches: int) -> dict:
+    """One optimizer step of the notebook's composition (two pipeline stages, GPipe, FSDP2 on
+    each block and the stage's root, `gpt.tp_plan` without sequence parallelism, the loss in
+    ``loss_parallel``) on stage ``stage`` (0 or 1) of ``blocks`` blocks, ``microbatches`` per
+    step: ``{(axis, kind): calls}`` on one rank. The notebook's live run asserts it for its own
+    case (1 block, 2 microbatches); tests/test_drawn_cases.py runs another on 8 ranks."""
+    m = microbatches
+    ends = 1 if stage == 0 else 1 + LOSS_PARALLEL  # tok's g; or the head's f and the loss
+    return {
+        ("pp", "send"): m,  # stage 0: activations forward; stage 1: their gradients back
+        ("pp", "recv"): m,
+        # the root once (FSDP2 keeps the root gathered); each block before every microbatch's
+        # forward (resharded after it) and once for backward (the pipeline keeps it gathered
+        # through every microbatch's backward)
+        ("dp", "all_gather"): 1 + blocks * (m + 1),
+        ("dp", "reduce_scatter"): 1 + blocks,  # once per unit, after the last backward
+        ("tp", "all_reduce"): m * (ends + F_AND_G_PER_BLOCK * blocks),
+    }
+
+
+#: (blocks, microbatches) the notebook ran (its cell 7 prints the answer): never drawn.
+SEEN_3 = ((1, 2),)
+
+
+def draw_runs() -> list[tuple[int, int, int]]:
+    """(stage, blocks, microbatches) for one check: both stages of three runs, each with at
+    least 2 blocks and 2 microbatches and the two unequal (an answer that mixes them up, or
+    forgets one factor, gives another count), none of `SEEN_3`."""
+    r = expect.rng()
+    pairs = [(b, m) for b in range(2, 9) for m in range(2, 9) if b != m and (b, m) not in SEEN_3]
+    runs = r.sample(pairs, 3)
+    return [(stage, b, m) for b, m in runs for stage in (0, 1)]
+
+
+#: A count a learner derives with one rule wrong -> what to tell them.
+_WRONG_3 = {
+    ("dp", "all_gather"): [
+        (lambda s, b, m: 1 + b * m, "each block is gathered again for backward (resharded after "
+                                    "every forward), once: the pipeline keeps it gathered "
+                                    "through every microbatch's backward"),
+        (lambda s, b, m: 1 + b, "under `reshard_after_forward=True` a block is freed after each "
+                                "forward, so every microbatch's forward gathers it again"),
+        (lambda s, b, m: m + b * (m + 1), "FSDP2 gathers the root once and keeps it (it does "
+                                          "not reshard the root after forward)"),
+        (lambda s, b, m: b * (m + 1), "the root (tok and pos, or the norm and the head) is a "
+                                      "unit too: one gather"),
+        (lambda s, b, m: 1 + 2 * b * m, "the pipeline keeps each block gathered through all "
+                                        "the microbatches' backwards: one gather for backward"),
+    ],
+    ("dp", "reduce_scatter"): [
+        (lambda s, b, m: (1 + b) * m, "the pipeline tells FSDP not to reduce before the last "
+                                      "microbatch: one reduce-scatter per unit per step"),
+        (lambda s, b, m: b, "the root's gradients are reduce-scattered too"),
+    ],
+    ("tp", "all_reduce"): [
+        (lambda s, b, m: 1 + (LOSS_PARALLEL if s else 0) + F_AND_G_PER_BLOCK * b,
+         "f and g run for every microbatch"),
+        (lambda s, b, m: m * (1 + F_AND_G_PER_BLOCK * b),
+         "stage 1 adds loss_parallel's 3 all-reduces per microbatch to the head's f"),
+        (lambda s, b, m: m * ((1 if s == 0 else 1 + LOSS_PARALLEL) + 4 * b),
+         "the tiny GPT's q, k and v are three Linears: f before each of wq, wk, wv and w1 "
+         "(4) and g after wo and w2 (2), 6 per block"),
+        (lambda s, b, m: m * F_AND_G_PER_BLOCK * b, "the ends of the model have all-reduces "
+                                                    "too: tok's g on stage 0, the head's f "
+                                                    "and the loss's 3 on stage 1"),
+        (lambda s, b, m: m * (1 + LOSS_PARALLEL + F_AND_G_PER_BLOCK * b),
+         "stage 0 has tok's g (1); the head and the loss are stage 1's"),
+    ],
+    ("pp", "send"): [
+        (lambda s, b, m: m if s == 0 else 0, "the gradients go back: stage 1 sends one per "
+                                             "microbatch"),
+        (lambda s, b, m: 1, "one message per microbatch"),
+        (lambda s, b, m: 2 * m, "a stage of two sends one way only: activations forward "
+                                "(stage 0) or gradients back (stage 1)"),
+    ],
+    ("pp", "recv"): [
+        (lambda s, b, m: m if s == 1 else 0, "stage 0 receives the gradients back: one per "
+                                             "microbatch"),
+        (lambda s, b, m: 1, "one message per microbatch"),
+        (lambda s, b, m: 2 * m, "a stage of two receives from one side only"),
+    ],
+}
+
+
+def exercise_3(step_collectives) -> None:
+    """``step_collectives(stage, blocks, microbatches)`` -> ``{(axis, kind): calls}``: the
+    collectives one rank of stage ``stage`` (0 or 1) calls in one step of the notebook's
+    composition with ``blocks`` blocks per stage and ``microbatches`` microbatches, the keys
+    of `COUNTED` (a missing key counts 0). Runs drawn at every check (`draw_runs`)."""
+    for stage, blocks, m in draw_runs():
+        call = f"step_collectives({stage}, {blocks}, {m})"
+        got = step_collectives(stage, blocks, m)
+        if not isinstance(got, dict):
+            raise AssertionError(f"{call} should return a dict like {{('dp', 'all_gather'): 4, "
+                                 f"...}}; it returned {expect.describe(got)}")
+        extra = [k for k in got if k not in COUNTED and got[k]]
+        if extra:
+            raise AssertionError(
+                f"{call} has {extra[0]!r}: the keys are (axis, kind) pairs, "
+                f"{', '.join(map(repr, COUNTED))}; in this composition there are no others")
+        want = expected_collectives(stage, blocks, m)
+        for key in COUNTED:
+            value = got.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise AssertionError(f"{call}[{key!r}] should be a count (an int); got "
+                                     f"{expect.describe(value)}")
+            if value == want[key]:
+                continue
+            hint = next((why for rule, why in _WRONG_3.get(key, ())
+                         if rule(stage, blocks, m) == value), "")
+            raise AssertionError(
+                f"stage {stage} of 2, {blocks} blocks a stage, {m} microbatches: "
+                f"{key[1]} on {key[0]} should be called {want[key]} times in a step; {call} "
+                f"says {value}" + (f" ({hint})" if hint else ""))

@@ -2,8 +2,9 @@
 
 Every answer is a computation in the kernel, checked on cases drawn anew at every check (a table
 of cases copied from earlier ✗ messages does not pass): Young's checkpoint interval for a job of
-many GPUs, the straggler of per-rank timings where another rank has one bad step, and who
-entered each collective last in Flight Recorder dumps whose buffers start at different calls.
+many GPUs, the straggler of per-rank timings where another rank has one bad step, who
+entered each collective last in Flight Recorder dumps whose buffers start at different calls,
+and the checkpoint a restart must load from a directory where a save died.
 """
 
 from __future__ import annotations
@@ -336,3 +337,105 @@ def exercise_3(fn) -> None:
         key = next(k for k in sorted(want, key=str) if got[k] != want[k])
         raise AssertionError(
             f"{what}: call {key!r} was entered last by rank {want[key]}; you said rank {got[key]}")
+
+
+# -- exercise 4: which checkpoint to resume from -----------------------------------------------
+
+#: Entries of a checkpoint directory that are not checkpoints (the store's file, a log folder).
+_OTHERS = {"store": [], "rendezvous": [], "logs": ["rank-0.txt", "rank-1.txt"]}
+
+
+def resume_step(listing: dict) -> int:
+    """The newest complete ``step-<N>`` of ``listing`` (entry -> the files in it): DCP writes
+    ``.metadata`` last, so a directory without it is a save that did not finish. 0: none."""
+    done = [int(name[5:]) for name, files in listing.items()
+            if name.startswith("step-") and name[5:].isdigit() and ".metadata" in files]
+    return max(done, default=0)
+
+
+def _window(r: random.Random) -> list[int]:
+    """The steps of the last few saves, every ``k`` steps, across a power of ten (9 and 12,
+    96 and 100, ...), so that comparing names as strings picks the wrong one."""
+    p = r.choice((10, 100, 1000))
+    k = r.randint(1, min(p - 1, 40))
+    keep = r.randint(3, 5)
+    first_over = -(-p // k)  # the first save at p or later
+    n = first_over + r.randint(0, keep - 2)
+    return [k * i for i in range(max(1, n - keep + 1), n + 1)]
+
+
+def draw_listing(r: random.Random, kind: str) -> dict:
+    """A checkpoint directory: ``kind`` is "died saving" (the newest has some ranks' files and
+    no ``.metadata``), "died after" (every save complete), "died at once" (the newest is
+    empty), or "nothing saved" (a single save that did not finish)."""
+    ranks = r.randint(2, 4)
+    whole = [".metadata"] + [f"__{i}_0.distcp" for i in range(ranks)]
+    while True:
+        steps = _window(r)
+        complete = steps if kind == "died after" else steps[:-1]
+        if kind == "nothing saved":
+            steps, complete = steps[-1:], []
+        names = [f"step-{s}" for s in complete]
+        if kind == "nothing saved" or max(names) != f"step-{max(complete)}":
+            break  # the string max is another step: a string comparison shows
+    listing = {f"step-{s}": list(whole) for s in complete}
+    newest = f"step-{steps[-1]}"
+    if kind in ("died saving", "nothing saved"):
+        listing[newest] = [f"__{i}_0.distcp" for i in sorted(r.sample(range(ranks),
+                                                                       r.randint(1, ranks)))]
+    elif kind == "died at once":
+        listing[newest] = []
+    listing.update({k: list(v) for k, v in _OTHERS.items() if r.random() < 0.7})
+    items = list(listing.items())
+    r.shuffle(items)  # os.listdir's order is no order
+    return dict(items)
+
+
+#: The kinds of directories each check draws, in this order.
+KINDS_4 = ("died saving", "died after", "died at once", "nothing saved", "died saving",
+           "died after")
+
+
+def _steps_of(listing: dict) -> list[int]:
+    return sorted(int(n[5:]) for n in listing if n.startswith("step-") and n[5:].isdigit())
+
+
+def exercise_4(fn) -> None:
+    """``resume_step(listing)`` -> the step (an int) of the newest complete checkpoint of a
+    directory listing (entry -> its files), 0 if none: on `KINDS_4` drawn anew at every check."""
+    import copy
+
+    r = expect.rng()
+    for kind in KINDS_4:
+        listing = draw_listing(r, kind)
+        want = resume_step(listing)
+        got = fn(copy.deepcopy(listing))
+        if got == want and isinstance(got, numbers.Integral) and not isinstance(got, bool):
+            continue
+        shown = {k: v for k, v in sorted(listing.items(), key=lambda kv: kv[0])}
+        what = f"for {shown}"
+        if got is None and want == 0:
+            raise AssertionError(f"{what}: no checkpoint is complete, so the answer is 0 (start "
+                                 "from scratch), an int; got None")
+        if isinstance(got, str):
+            raise AssertionError(f"{what}: return the step as an int, like {want}; got the "
+                                 f"string {got!r}")
+        if isinstance(got, bool) or not isinstance(got, numbers.Integral):
+            raise AssertionError(f"{what}: return the step as an int, like {want}; got "
+                                 f"{expect.describe(got)}")
+        steps = _steps_of(listing)
+        complete = [s for s in steps if ".metadata" in listing[f"step-{s}"]]
+        if complete and got == int(max(f"step-{s}" for s in complete)[5:]):
+            hint = (f"that is the largest name as a string: 'step-{got}' sorts after "
+                    f"'step-{want}', but {want} > {got}: compare the steps as numbers")
+        elif got == steps[-1] and got != want:
+            hint = (f"step-{got} has no .metadata: DCP writes it last, so that save did not "
+                    "finish and cannot be loaded")
+        elif kind == "died after" and len(steps) > 1 and got == steps[-2]:
+            hint = (f"step-{want} has its .metadata: the save finished (the job died after it), "
+                    "so it is the one to load")
+        elif got not in steps and got != 0:
+            hint = f"there is no step-{got} in the directory"
+        else:
+            hint = "the newest directory with a .metadata is the one a restart loads"
+        raise AssertionError(f"{what}: resume from step {want}; got {got} ({hint})")

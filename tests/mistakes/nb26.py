@@ -7,6 +7,7 @@ from . import RIGHT, Answer, variant
 GRADERS = {
     1: (nb26.exercise_1, ["mesh_groups"]),
     2: (nb26.exercise_2, ["step_traffic"]),
+    3: (nb26.exercise_3, ["step_collectives"]),
 }
 
 _TRAFFIC = """
@@ -32,6 +33,24 @@ def mesh_groups(pp, dp, tp):
             "dp": [[rank(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
             "tp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]}
 """
+_COUNTS = """
+def step_collectives(stage, blocks, microbatches):
+    m = microbatches
+    ends = 1 if stage == 0 else 1 + 3
+    return {
+        ("pp", "send"): m,
+        ("pp", "recv"): m,
+        ("dp", "all_gather"): 1 + blocks * (m + 1),
+        ("dp", "reduce_scatter"): 1 + blocks,
+        ("tp", "all_reduce"): m * (ends + 6 * blocks),
+    }
+"""
+
+
+def _counts(old: str, new: str) -> str:
+    return variant(_COUNTS, (old, new))
+
+
 _RANK = "rank = lambda p, d, t: (p * dp + d) * tp + t"
 _DP = '"dp": [[rank(p, d, t) for d in range(dp)]'
 
@@ -148,4 +167,48 @@ def step_traffic(rank, pp, dp, tp):
 def step_traffic(rank, pp, dp, tp):
     return ["send", "recv", "all_reduce", "all_gather", "reduce_scatter"]
 """, "should return a dict with the keys"),
+    Answer(3, "the solution", _COUNTS, RIGHT),
+    Answer(3, "string keys and a Counter, zeros left out", """
+from collections import Counter
+def step_collectives(stage, blocks, microbatches):
+    m = microbatches
+    calls = Counter()
+    calls["pp", "send"] += m
+    calls["pp", "recv"] += m
+    calls["dp", "all_gather"] += 1 + blocks * (m + 1)
+    calls["dp", "reduce_scatter"] += 1 + blocks
+    calls["tp", "all_reduce"] += m * ((1 if stage == 0 else 4) + 6 * blocks)
+    return calls
+""", RIGHT),
+    Answer(3, "no re-gather for backward: a block gathered once per forward", _counts(
+        "1 + blocks * (m + 1)", "1 + blocks * m"), "gathered again for backward"),
+    Answer(3, "every block gathered once a step, as the simulator's FSDP under PP", _counts(
+        "1 + blocks * (m + 1)", "1 + blocks"), "every microbatch's forward gathers it again"),
+    Answer(3, "the root gathered for every microbatch too", _counts(
+        "1 + blocks * (m + 1)", "m + blocks * (m + 1)"), "gathers the root once"),
+    Answer(3, "a reduce-scatter after every microbatch's backward", _counts(
+        '("dp", "reduce_scatter"): 1 + blocks', '("dp", "reduce_scatter"): (1 + blocks) * m'),
+        "one reduce-scatter per unit per step"),
+    Answer(3, "loss_parallel's all-reduces forgotten", _counts(
+        "ends = 1 if stage == 0 else 1 + 3", "ends = 1"), "loss_parallel's 3"),
+    Answer(3, "Megatron's fused qkv: 4 f and g a block", _counts(
+        "m * (ends + 6 * blocks)", "m * (ends + 4 * blocks)"), "three Linears"),
+    Answer(3, "tp's all-reduces counted once a step, not per microbatch", _counts(
+        "m * (ends + 6 * blocks)", "ends + 6 * blocks"), "every microbatch"),
+    Answer(3, "sends only forward: the gradients going back forgotten", _counts(
+        '("pp", "send"): m,', '("pp", "send"): m if stage == 0 else 0,'), "gradients go back"),
+    Answer(3, "the notebook's printout hard-coded", """
+def step_collectives(stage, blocks, microbatches):
+    return {("pp", "send"): 2, ("pp", "recv"): 2, ("dp", "all_gather"): 4,
+            ("dp", "reduce_scatter"): 2, ("tp", "all_reduce"): 14 if stage == 0 else 20}
+""", "should be called"),
+    Answer(3, "axis and kind the other way round in the keys", """
+def step_collectives(stage, blocks, microbatches):
+    m = microbatches
+    return {("send", "pp"): m, ("recv", "pp"): m, ("all_gather", "dp"): 1 + blocks * (m + 1),
+            ("reduce_scatter", "dp"): 1 + blocks,
+            ("all_reduce", "tp"): m * ((1 if stage == 0 else 4) + 6 * blocks)}
+""", "(axis, kind) pairs"),
+    Answer(3, "floats from / 2", _counts(
+        '("pp", "send"): m,', '("pp", "send"): 2 * m / 2,'), "should be a count (an int)"),
 ]

@@ -8,6 +8,7 @@ GRADERS = {
     1: (nb27.exercise_1, ["checkpoint_interval"]),
     2: (nb27.exercise_2, ["find_straggler"]),
     3: (nb27.exercise_3, ["entered_last"]),
+    4: (nb27.exercise_4, ["resume_step"]),
 }
 
 _ENTERED = """
@@ -28,6 +29,18 @@ def entered_last(dumps):
         out[(row[0]["process_group"][0], row[0]["collective_seq_id"])] = times.index(max(times))
     return out
 """
+_RESUME = """
+def resume_step(listing):
+    done = [int(name.split("-")[1]) for name, files in listing.items()
+            if name.startswith("step-") and name.split("-")[1].isdigit() and ".metadata" in files]
+    return max(done, default=0)
+"""
+
+
+def _resume(old: str, new: str) -> str:
+    return variant(_RESUME, (old, new))
+
+
 _KEEP = "\n            if len(times) == len(dumps)}"
 
 ANSWERS = [
@@ -158,4 +171,38 @@ def find_straggler(times):
         (_KEEP, "\n            if len(times) == len(dumps)]")), "should return a dict"),
     Answer(3, "the entries paired counting from the newest", variant(_PAIRED, (
         'd["entries"] for d', 'd["entries"][::-1] for d')), "buffers end at different calls too"),
+    Answer(4, "the solution", _RESUME, RIGHT),
+    Answer(4, "sorted names, newest complete by walking back", """
+def resume_step(listing):
+    steps = sorted((int(n[5:]) for n in listing if n.startswith("step-") and n[5:].isdigit()),
+                   reverse=True)
+    for step in steps:
+        if ".metadata" in listing[f"step-{step}"]:
+            return step
+    return 0
+""", RIGHT),
+    Answer(4, "the names compared as strings: step-9 after step-12", """
+def resume_step(listing):
+    done = [name for name, files in listing.items()
+            if name.startswith("step-") and ".metadata" in files]
+    return int(max(done)[5:]) if done else 0
+""", "compare the steps as numbers"),
+    Answer(4, "the newest directory, .metadata or not", _resume(
+        ' and ".metadata" in files]', "]"), "has no .metadata"),
+    Answer(4, "any directory with files counts as saved", _resume(
+        ' and ".metadata" in files]', " and files]"), "has no .metadata"),
+    Answer(4, "always one save back: the newest assumed unfinished", """
+def resume_step(listing):
+    steps = sorted(int(n.split("-")[1]) for n in listing
+                   if n.startswith("step-") and n.split("-")[1].isdigit())
+    return steps[-2] if len(steps) > 1 else 0
+""", "resume from step"),
+    Answer(4, "the directory's name returned, not its step", _resume(
+        "return max(done, default=0)", 'return f"step-{max(done)}" if done else 0'), "as an int"),
+    Answer(4, "None when nothing is complete", _resume(
+        "return max(done, default=0)", "return max(done) if done else None"), "the answer is 0"),
+    Answer(4, "the notebook's step-6 hard-coded", """
+def resume_step(listing):
+    return 6
+""", "resume from step"),
 ]
