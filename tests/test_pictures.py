@@ -150,3 +150,17 @@ def test_arrows_sharing_a_rank_fan_out_over_its_cell():
     assert pictures._spread([3, 3, 3], [0, 1, 2]) == [0.3, 0.0, -0.3]
     # One arrow per end: each meets the middle of its cell.
     assert pictures._spread([0, 1], [2, 2]) == [0.0, 0.0]
+
+
+def test_launch_path_draws_the_kernel_the_helper_and_each_rank():
+    picture = pictures.launch_path(world_size=3)
+    assert "rank 0, rank 1, rank 2" in repr(picture)
+    assert picture.png().startswith(b"\x89PNG")
+    labels = [t.get_text() for t in picture.figure().axes[0].texts]
+    assert [t for t in labels if t.startswith("rank ")] == [f"rank {r}\nRANK={r}" for r in range(3)]
+
+
+@pytest.mark.parametrize("world_size, error", [(0, ValueError), (5, ValueError), (2.0, TypeError)])
+def test_launch_path_refuses_a_world_size_it_cannot_draw(world_size, error):
+    with pytest.raises(error, match="world_size must be an int, 1 to 4"):
+        pictures.launch_path(world_size)
