@@ -28,6 +28,7 @@ Also `launch_path`: how `distlab.launch` starts its ranks (notebook 00's first p
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from dataclasses import dataclass
@@ -559,17 +560,22 @@ class LaunchPath(Chart):
         box(0.3, 3.5, 2.6, 1.0, "notebook kernel\n(your cells)")
         box(6.6, 3.5, 3.0, 1.0, "helper (zygote)\ntorch imported, 1 thread")
         arrow((2.95, 4.0), (6.55, 4.0), "fork request + the rank's pipe ends\n(Unix socket)", fork)
-        step = 9.0 / max(self.world_size, 2)
-        xs = [0.5 + i * step for i in range(self.world_size)]
-        width = min(2.2, step - 0.4)
+        width = 2.2 if self.world_size <= 2 else 1.8
+        step = 4.6 if self.world_size <= 2 else (9.6 - 1.0 - width) / (self.world_size - 1)
+        xs = [1.0 + i * step for i in range(self.world_size)]
+        few = self.world_size <= 2  # room for a label on every arrow
         for r, x in enumerate(xs):
             box(x, 0.75, width, 0.9, f"rank {r}\nRANK={r}")
-            arrow((8.1, 3.45), (x + width / 2, 1.7), "fork()", fork, ls="--", at=0.2)
+            arrow((8.1, 3.45), (x + width / 2, 1.7), "fork()" if few or r == 0 else "", fork,
+                  ls="--", at=0.2)
         arrow((1.2, 3.45), (xs[0] + 0.4, 1.7), "task ↓ / result ↑\n(socket)", task, "<|-|>")
         arrow((xs[0] + width - 0.3, 1.7), (2.5, 3.45), "stdout+stderr\n(pipe)", out)
-        if self.world_size > 1:
-            arrow((xs[0] + width + 0.05, 1.2), (xs[1] - 0.05, 1.2), "gloo (TCP, 127.0.0.1)",
-                  gloo, "<|-|>")
+        for left, right in itertools.pairwise(xs):
+            arrow((left + width + 0.05, 1.2), (right - 0.05, 1.2),
+                  "gloo (TCP, 127.0.0.1)" if few else "", gloo, "<|-|>")
+        if not few:
+            ax.text(5.0, 0.5, "ranks ↔ ranks: gloo (TCP, 127.0.0.1)", ha="center", fontsize=7.5,
+                    color=gloo)
         ax.text(5.0, 0.2, "every rank has its own task socket and output pipe to the kernel",
                 ha="center", fontsize=7.5, color=FAINT)
         ax.set_title("distlab.launch: kernel → helper → ranks", fontsize=10, color=INK)
