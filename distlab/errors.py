@@ -44,6 +44,17 @@ _CONSEQUENCE = re.compile(
 
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
+# One frame of a formatted stack: its file, line, function and source line.
+_FRAME = re.compile(r'File "([^"]*)", line (\d+), in (\S+)\n[ \t]+(.*)')
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+
+
+def _library_file(file: str) -> bool:
+    """Whether a frame's file is torch's, distlab's or Python's own, not the learner's."""
+    return ("site-packages" in file or file.startswith((_HERE, _STDLIB, "<frozen"))
+            or file.startswith("<") and file not in ("<cell>", "<string>", "<stdin>")
+            and not file.startswith("<ipython-input"))
+
 
 def _user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     """A copy of the traceback ``tb`` without distlab's and IPython's own frames."""
@@ -257,6 +268,25 @@ class RankTimeout(DistlabError, TimeoutError):
     @property
     def ranks(self) -> list[int]:
         return sorted(self.stacks)
+
+    def where(self, rank: int) -> tuple[str, int, str]:
+        """Where stuck ``rank`` waits in *your* code: ``(function, line, source)`` of the
+        innermost frame of its stack that is neither torch's, distlab's nor Python's own (in a
+        notebook: your cell's function, its line number in the cell, and that line).
+
+        Raises:
+            ValueError: ``rank`` is not one of the stuck ranks (``.ranks`` lists them), or its
+                stack has no frame of your code (it was stuck inside a library only).
+        """
+        if rank not in self.stacks:
+            raise InputError(f"rank {rank!r} is not stuck: the stuck ranks are {self.ranks}")
+        frames = _FRAME.findall(self.stacks[rank])
+        mine = [(fn, int(line), src.strip()) for file, line, fn, src in frames
+                if not _library_file(file)]
+        if not mine:
+            raise InputError(f"rank {rank}'s stack has no frame of your code: it waits inside "
+                             "a library only; print the error to see its whole stack")
+        return mine[-1]
 
     def _render(self) -> str:
         stuck = self.ranks

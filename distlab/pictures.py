@@ -29,10 +29,13 @@ uses (notebook 25):
 
     pictures.mesh(scale.Layout(dp=128, tp=8, pp=16, schedule="Interleaved1F1B",
                                virtual_stages=2), "Llama-3 405B")
+
+Also `launch_path`: how `distlab.launch` starts its ranks (notebook 00's first picture).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from dataclasses import dataclass
@@ -42,7 +45,7 @@ from ._config import check_int
 from ._mesh_picture import MeshPicture
 from .errors import InputError, InputTypeError
 
-__all__ = ["Cell", "MeshPicture", "Picture", "collective", "mesh"]
+__all__ = ["Cell", "LaunchPath", "MeshPicture", "Picture", "collective", "launch_path", "mesh"]
 
 
 # Layout, in cell widths.
@@ -567,3 +570,87 @@ def _ink_for(fill: str) -> str:
 
 def _font_size(text: str) -> float:
     return 10 if len(text) <= 4 else max(6, 10 - 1.1 * (len(text) - 4))
+
+
+# --- how distlab.launch starts ranks (notebook 00) --------------------------------------------
+
+
+class LaunchPath(Chart):
+    """Who starts whom and who talks to whom when `distlab.launch` runs: the notebook's kernel,
+    distlab's helper process (the "zygote"), and the ranks it forks. Build one with
+    `launch_path`. Shows as a PNG in Jupyter and as text elsewhere (``repr``)."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+
+    def __repr__(self) -> str:
+        ranks = ", ".join(f"rank {r}" for r in range(self.world_size))
+        return (f"distlab.launch: kernel -> helper (zygote) -> fork() -> {ranks}; each rank: "
+                "task/result socket and output pipe to the kernel; ranks: gloo over 127.0.0.1")
+
+    def figure(self):
+        from matplotlib.figure import Figure
+        from matplotlib.patches import FancyBboxPatch
+
+        fig = Figure(figsize=(7.5, 3.6), facecolor=BACKGROUND)
+        ax = fig.subplots()
+        ax.set_xlim(0, 10)
+        ax.set_ylim(0, 4.8)
+        ax.axis("off")
+        fork, task, out, gloo = OKABE_ITO[5], OKABE_ITO[4], OKABE_ITO[6], OKABE_ITO[2]
+
+        def box(x, y, w, h, text):
+            ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.08", fc="white",
+                                        ec=INK))
+            ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9, color=INK)
+
+        def arrow(start, end, label, colour, style="-|>", at=0.5, ls="-"):
+            ax.annotate("", xy=end, xytext=start,
+                        arrowprops=dict(arrowstyle=style, color=colour, lw=1.4, ls=ls))
+            x, y = start[0] + at * (end[0] - start[0]), start[1] + at * (end[1] - start[1])
+            ax.text(x, y, label, ha="center", va="center", fontsize=7.5, color=colour,
+                    bbox=dict(fc=BACKGROUND, ec="none", pad=0.5))
+
+        box(0.3, 3.5, 2.6, 1.0, "notebook kernel\n(your cells)")
+        box(6.6, 3.5, 3.0, 1.0, "helper (zygote)\ntorch imported, 1 thread")
+        arrow((2.95, 4.0), (6.55, 4.0), "fork request + the rank's pipe ends\n(Unix socket)", fork)
+        width = 2.2 if self.world_size <= 2 else 1.8
+        step = 4.6 if self.world_size <= 2 else (9.6 - 1.0 - width) / (self.world_size - 1)
+        xs = [1.0 + i * step for i in range(self.world_size)]
+        few = self.world_size <= 2  # room for a label on every arrow
+        for r, x in enumerate(xs):
+            box(x, 0.75, width, 0.9, f"rank {r}\nRANK={r}")
+            arrow((8.1, 3.45), (x + width / 2, 1.7), "fork()" if few or r == 0 else "", fork,
+                  ls="--", at=0.2)
+        arrow((1.2, 3.45), (xs[0] + 0.4, 1.7), "task ↓ / result ↑\n(socket)", task, "<|-|>")
+        arrow((xs[0] + width - 0.3, 1.7), (2.5, 3.45), "stdout+stderr\n(pipe)", out)
+        for left, right in itertools.pairwise(xs):
+            arrow((left + width + 0.05, 1.2), (right - 0.05, 1.2),
+                  "gloo (TCP, 127.0.0.1)" if few else "", gloo, "<|-|>")
+        if not few:
+            ax.text(5.0, 0.5, "ranks ↔ ranks: gloo (TCP, 127.0.0.1)", ha="center", fontsize=7.5,
+                    color=gloo)
+        ax.text(5.0, 0.2, "every rank has its own task socket and output pipe to the kernel",
+                ha="center", fontsize=7.5, color=FAINT)
+        ax.set_title("distlab.launch: kernel → helper → ranks", fontsize=10, color=INK)
+        return fig
+
+
+def launch_path(world_size: int = 2) -> LaunchPath:
+    """Draw how `distlab.launch` starts ``world_size`` ranks: the kernel asks distlab's helper
+    process to fork them; each rank then talks to the kernel over its own socket (tasks, results)
+    and pipe (output), and to the other ranks over gloo.
+
+    Args:
+        world_size: how many ranks to draw (1 to 4; the picture gets crowded beyond).
+
+    Returns:
+        A `LaunchPath`: an image in Jupyter, a line of text by ``print``.
+
+    Raises:
+        TypeError: ``world_size`` is not an int.
+        ValueError: ``world_size`` is not from 1 to 4.
+    """
+    check_int(world_size, "world_size", low=1, high=4, error=InputError,
+              type_error=InputTypeError)
+    return LaunchPath(world_size)

@@ -106,3 +106,31 @@ def test_an_entry_point_leaves_no_distlab_frame_but_its_own_call_site():
     assert "deep" not in frames, frames  # distlab's inner frames are gone
     assert frames[0] == "test_an_entry_point_leaves_no_distlab_frame_but_its_own_call_site"
     assert info.value.__suppress_context__
+
+
+def _stack(*frames):
+    # A formatted stack as the ranks send it: (file, line, function, source), outermost first.
+    return "".join(f'  File "{file}", line {line}, in {fn}\n    {src}\n'
+                   for file, line, fn, src in frames)
+
+
+def test_where_finds_the_innermost_line_of_the_learners_own_code():
+    stack = _stack(
+        ("<cell>", 9, "<module>", "train()"),  # the cell calls train ...
+        ("<cell>", 4, "train", "dist.all_reduce(t)  # waits"),  # ... which waits here
+        ("<site-packages>/torch/distributed/c10d_logger.py", 83, "wrapper", "return func()"),
+        ("/x/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 4181,
+         "all_reduce", "work.wait()"),
+    )
+    hang = RankTimeout(1, {0: stack, 2: stack}, finished=[1], world_size=3)
+    assert hang.where(0) == ("train", 4, "dist.all_reduce(t)  # waits")
+    assert hang.where(2) == hang.where(0)
+
+
+def test_where_refuses_a_rank_that_is_not_stuck_or_has_no_frame_of_its_own():
+    only_torch = _stack(("<site-packages>/torch/x.py", 1, "f", "work.wait()"))
+    hang = RankTimeout(1, {0: only_torch}, finished=[1], world_size=2)
+    with pytest.raises(ValueError, match=r"rank 1 is not stuck: the stuck ranks are \[0\]"):
+        hang.where(1)
+    with pytest.raises(ValueError, match="no frame of your code"):
+        hang.where(0)

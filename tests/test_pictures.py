@@ -223,3 +223,17 @@ def test_mesh_refuses_what_it_cannot_draw_and_says_what_to_pass():
         pictures.mesh(_layout(dp=8), 10**9)
     with pytest.raises(CalculatorError, match="choose pp in"):  # 32 layers on 64 stages
         pictures.mesh(_layout(pp=16, schedule="Interleaved1F1B", virtual_stages=4), "Llama-3 8B")
+
+
+def test_launch_path_draws_the_kernel_the_helper_and_each_rank():
+    picture = pictures.launch_path(world_size=3)
+    assert "rank 0, rank 1, rank 2" in repr(picture)
+    assert picture.png().startswith(b"\x89PNG")
+    labels = [t.get_text() for t in picture.figure().axes[0].texts]
+    assert [t for t in labels if t.startswith("rank ")] == [f"rank {r}\nRANK={r}" for r in range(3)]
+
+
+@pytest.mark.parametrize("world_size, error", [(0, ValueError), (5, ValueError), (2.0, TypeError)])
+def test_launch_path_refuses_a_world_size_it_cannot_draw(world_size, error):
+    with pytest.raises(error, match="world_size must be an int, 1 to 4"):
+        pictures.launch_path(world_size)

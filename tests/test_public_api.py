@@ -7,11 +7,11 @@ import inspect
 import pytest
 
 import distlab
-from distlab import exercises, memory, pictures, timeline
+from distlab import exercises, memory, pictures, stand_ins, timeline
 
 pytestmark = pytest.mark.quick
 
-MODULES = [distlab, timeline, memory, pictures, exercises]
+MODULES = [distlab, timeline, memory, pictures, exercises, stand_ins]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=[m.__name__ for m in MODULES])
@@ -34,6 +34,8 @@ def test_every_public_name_is_exported_and_documented(module):
 
 def test_the_functions_a_learner_calls_list_their_errors():
     for fn in (distlab.launch, distlab.Cluster, timeline.record, timeline.collect,
-               memory.measure, memory.record, memory.collect, exercises.check):
+               memory.measure, memory.record, memory.collect, exercises.check,
+               pictures.launch_path, stand_ins.children_stderr, stand_ins.press_stop,
+               stand_ins.torchrun, distlab.RankTimeout.where):
         doc = inspect.getdoc(fn) or ""
         assert "Raises" in doc, f"{fn.__qualname__}'s docstring does not list its errors"
