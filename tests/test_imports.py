@@ -115,7 +115,8 @@ FLOORS = (
     ("the ranks' machinery", ("distlab._ranks",)),
     ("launching", ("distlab.launcher", "distlab.cluster", "distlab.magic")),
     ("the learner's tools", (
-        "distlab.bounds", "distlab.pictures", "distlab.memory", "distlab.timeline",
+        "distlab.bounds", "distlab.pictures", "distlab._mesh_picture", "distlab._launch_picture",
+        "distlab.memory", "distlab.timeline", "distlab.stand_ins",
         "distlab.calculators", "distlab.scale", "distlab.gpt", "distlab.gradcheck",
         "distlab.activations", "distlab.flight_recorder", "distlab.faults")),
     ("the exercises", ("distlab.exercises",)),
@@ -170,7 +171,8 @@ _C = "distlab.calculators."
 _S = "distlab.scale."
 _FORMULAS = tuple(_C + m for m in ("activation_terms", "comm", "links", "memory_estimate",
                                    "pipeline", "stepper"))
-_DRAWING = (_C + "charts", _C + "_axes", "distlab._chart", "distlab.pictures", "matplotlib")
+_DRAWING = (_C + "charts", _C + "_axes", "distlab._chart", "distlab.pictures",
+            "distlab._mesh_picture", "distlab._launch_picture", "matplotlib")
 _SIMULATING = tuple(_S + m for m in ("simulate", "mesh", "measure", "plan_order", "plans",
                                      "instruments"))
 
