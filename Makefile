@@ -27,6 +27,12 @@ LOCK := requirements/lock.txt
 COMPAT := requirements/compat.txt
 # Extra pytest arguments, e.g.  make test PYTEST_ARGS="-k launch -x"
 PYTEST_ARGS ?=
+# The test runs' pytest-xdist workers: the suite spends much of its time waiting (on ranks that
+# start, kernels that boot, hangs on purpose that must time out), so two workers share 2 cores
+# well. A file's tests stay together on one worker (--dist loadfile: a notebook's cells in order,
+# a module's fixtures once). `make test TEST_WORKERS=1` runs everything in one process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: setup lab site test test-spawn test-cpu-kernels test-latest test-torch test-previous notebooks lock \
   lint clean
@@ -101,7 +107,7 @@ site: $(VENV)/.stamp-deps
 # their own, so that `make test` never overwrites yours.
 TEST_HOME := $(CURDIR)/.venv/test-home
 test: setup
-	DISTLAB_HOME="$(TEST_HOME)" $(VPY) -m pytest --durations=25 $(PYTEST_ARGS); rc=$$?; \
+	DISTLAB_HOME="$(TEST_HOME)" $(VPY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 	$(MAKE) --no-print-directory test-spawn SPAWN_NOTEBOOKS="$(SPAWN_CORE)"
 	$(MAKE) --no-print-directory test-cpu-kernels
@@ -120,7 +126,7 @@ SPAWN_CORE := $(addprefix notebooks/,00_launching_from_a_notebook.ipynb \
   24_capstone_2d_parallel.ipynb)
 SPAWN_NOTEBOOKS ?= notebooks
 test-spawn: setup
-	DISTLAB_HOME="$(TEST_HOME)" DISTLAB_START_METHOD=spawn $(VPY) -m pytest \
+	DISTLAB_HOME="$(TEST_HOME)" DISTLAB_START_METHOD=spawn $(VPY) -m pytest $(XDIST) \
 	  --durations=10 $(SPAWN_NOTEBOOKS)
 
 # The notebooks whose numbers come from float arithmetic again, the way other laptops run them,
@@ -138,7 +144,7 @@ test-spawn: setup
 # digits of a rounding error, a count at the edge of fp16's range) fails here: print the bound it
 # meets instead (distlab.below, distlab.above). `make test` runs it.
 CPU_NB = $(wildcard $(foreach n,$(1),notebooks/$(n)_*.ipynb))
-CPU_KERNELS_PYTEST := DISTLAB_HOME="$(TEST_HOME)" $(VPY) -m pytest --durations=5
+CPU_KERNELS_PYTEST = DISTLAB_HOME="$(TEST_HOME)" $(VPY) -m pytest $(XDIST) --durations=5
 CPU_KERNEL_NOTEBOOKS ?= $(call CPU_NB,08 09 10 12 16 19 20 21 22 23 24 26 27)
 CPU_ONE_THREAD_NOTEBOOKS ?= $(call CPU_NB,19 22)
 CPU_FOUR_THREAD_NOTEBOOKS ?= $(call CPU_NB,19 21 24 26 27)
@@ -155,7 +161,7 @@ test-cpu-kernels: setup
 OTHER_SANITIZE = cat notebooks/sanitize.cfg notebooks/sanitize-other-torch.cfg $(OTHER_SANITIZE_EXTRA) \
   > $(1)/sanitize.cfg
 OTHER_PYTEST = DISTLAB_HOME="$(CURDIR)/$(1)/test-home" $(1)/bin/python -m pytest -p no:cacheprovider \
-  --nbval-sanitize-with $(1)/sanitize.cfg --durations=10
+  $(XDIST) --nbval-sanitize-with $(1)/sanitize.cfg --durations=10
 
 # The newest torch and the newest releases pyproject.toml allows: the unit tests and the whole
 # series, so that maintainers meet the next release before learners do. Run it before refreshing

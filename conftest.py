@@ -8,6 +8,10 @@ machine cannot be diagnosed afterwards. This hook adds it to the failure's repor
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 
 
@@ -50,3 +54,20 @@ def pytest_timeout_set_timer(item, settings):
 
     return pytest_timeout.pytest_timeout_set_timer(
         item, settings._replace(timeout=patience(settings.timeout)))
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs two workers) each worker gets a temporary folder of
+    its own (TMPDIR, inherited by its kernels and ranks): a test that checks that launches leave
+    no files behind (tests/test_launcher.py) then sees only its own worker's."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and not hasattr(config, "_distlab_tmp"):
+        config._distlab_tmp = tempfile.mkdtemp(prefix=f"xdist-{worker}-")
+        os.environ["TMPDIR"] = config._distlab_tmp
+        tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
+def pytest_unconfigure(config):
+    tmp = getattr(config, "_distlab_tmp", None)
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
