@@ -114,9 +114,8 @@ test: setup
 	$(MAKE) --no-print-directory test-previous
 
 # The notebooks as a Mac runs them (DISTLAB_START_METHOD=spawn: a fresh interpreter per rank),
-# compared strictly too. `make test-spawn` runs all of them (about 12 minutes on 2 cores: every
-# rank imports torch anew). `make test` runs the five that cover every spawn-path behaviour
-# (about 2 minutes):
+# compared strictly too. `make test-spawn` runs all of them (slow: every rank imports torch
+# anew). `make test` runs the five that cover every spawn-path behaviour:
 # launches and hangs with short timeouts (00, 02), RPC (12), debugging stuck ranks (18), a 4-rank
 # cluster with DTensor, FSDP and DCP (24). (11's hangs are 00's and 02's kind, 14's DTensor and
 # FSDP are in 24; 25 runs its simulated ranks in the kernel, where the start method plays no
@@ -140,7 +139,7 @@ test-spawn: setup
 #  - Four threads in the kernel and in every rank (DISTLAB_THREADS: what ranks get on an 8-core
 #    laptop), portable kernels: the notebooks whose ranks reduce large tensors (21, 24, 26, 27)
 #    and 19.
-# About 20 notebook runs: ~2.5 minutes on 2 cores. A stored output that depends on the CPU (the
+# About 20 notebook runs. A stored output that depends on the CPU (the
 # digits of a rounding error, a count at the edge of fp16's range) fails here: print the bound it
 # meets instead (distlab.below, distlab.above). `make test` runs it.
 CPU_NB = $(wildcard $(foreach n,$(1),notebooks/$(n)_*.ipynb))
