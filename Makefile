@@ -27,11 +27,14 @@ LOCK := requirements/lock.txt
 COMPAT := requirements/compat.txt
 # Extra pytest arguments, e.g.  make test PYTEST_ARGS="-k launch -x"
 PYTEST_ARGS ?=
-# The test runs' pytest-xdist workers: the suite spends much of its time waiting (on ranks that
-# start, kernels that boot, hangs on purpose that must time out), so two workers share 2 cores
-# well. A file's tests stay together on one worker (--dist loadfile: a notebook's cells in order,
-# a module's fixtures once). `make test TEST_WORKERS=1` runs everything in one process.
-TEST_WORKERS ?= 2
+# The test runs' pytest-xdist workers. The suite spends much of its time waiting (on ranks that
+# start, kernels that boot, hangs on purpose that must time out): `make test TEST_WORKERS=2` runs
+# the unit tests and the series on two workers, which share 2 cores well (a file's tests stay together
+# on one worker, --dist loadfile: a notebook's cells in order, a module's fixtures once). Not the
+# default yet: two workers' env:// rendezvous (notebook 01) once failed with "connectFullMesh
+# failed ... Connection closed by peer" (probably a port taken between two launches); until found
+# and fixed, CI runs one process.
+TEST_WORKERS ?= 1
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: setup lab site test test-spawn test-cpu-kernels test-latest test-torch test-previous notebooks lock \
