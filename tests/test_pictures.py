@@ -10,6 +10,21 @@ from distlab import pictures
 pytestmark = pytest.mark.quick
 
 
+
+def _assert_texts_inside(fig, *, vertically=True):
+    """Every text of the figure's first axes drawn inside the figure (across; and up and down
+    unless ``vertically`` is False)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for text in fig.axes[0].texts:
+        box = text.get_window_extent(renderer)
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.x1, text.get_text()
+        if vertically:
+            assert box.y0 >= 0 and box.y1 <= fig.bbox.y1, text.get_text()
+
 def _broadcast_picture():
     return pictures.collective(
         "broadcast",
@@ -127,8 +142,6 @@ def test_non_numbers_and_bad_arrows_are_value_errors():
 
 
 def test_long_titles_and_labels_fit_inside_the_figure():
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
     pic = pictures.collective(
         "pg.broadcast",
         before=[[[0.0], [1.0]], [[2.0], [3.0]]],
@@ -136,13 +149,7 @@ def test_long_titles_and_labels_fit_inside_the_figure():
         title="rootRank=1, rootTensor=1, and a long explanation",
         labels=("before: a long label", "after: an even longer label here"),
     )
-    fig = pic.figure()
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    renderer = canvas.get_renderer()
-    for text in fig.axes[0].texts:
-        box = text.get_window_extent(renderer)
-        assert box.x0 >= 0 and box.x1 <= fig.bbox.x1, text.get_text()
+    _assert_texts_inside(pic.figure(), vertically=False)
 
 
 def test_arrows_sharing_a_rank_fan_out_over_its_cell():
@@ -193,22 +200,13 @@ def test_mesh_without_interleaving_holds_every_layer_once_in_order():
 
 
 def test_mesh_of_many_pipeline_ranks_shows_the_ends_and_draws_inside_its_figure():
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
     pic = pictures.mesh(_layout(dp=2, tp=8, pp=32, schedule="Interleaved1F1B", virtual_stages=2),
                         "Llama-3 405B", rows_shown=2)
     lines = pic.text().splitlines()
     assert [line.split(":")[0] for line in lines[1:6]] == [
         "pipeline rank  0", "pipeline rank  1", "...", "pipeline rank 30", "pipeline rank 31"]
     for layout, rows in ((_layout(**PAPER_405B), 3), (_layout(dp=2, tp=8, pp=32), 2)):
-        fig = pictures.mesh(layout, "Llama-3 405B", rows_shown=rows).figure()
-        canvas = FigureCanvasAgg(fig)
-        canvas.draw()
-        renderer = canvas.get_renderer()
-        for text in fig.axes[0].texts:
-            box = text.get_window_extent(renderer)
-            assert box.x0 >= 0 and box.x1 <= fig.bbox.x1, text.get_text()
-            assert box.y0 >= 0 and box.y1 <= fig.bbox.y1, text.get_text()
+        _assert_texts_inside(pictures.mesh(layout, "Llama-3 405B", rows_shown=rows).figure())
     assert pic.png()[:8] == b"\x89PNG\r\n\x1a\n" and pic._repr_png_()[1]["width"] > 0
 
 
