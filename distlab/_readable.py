@@ -124,3 +124,13 @@ def run_noise(text: str) -> str:
 
 def readable(text: str, numbered: bool = False) -> str:
     return run_noise(cell_names(short_paths(text), numbered))
+
+
+def innermost(stack: str, frames: int = 4) -> str:
+    """The last ``frames`` frames of a formatted stack (two lines each, as traceback formats
+    them): where a rank that has not started yet is, without the imports that led there."""
+    lines = stack.rstrip("\n").splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    if len(starts) <= frames:
+        return "\n".join(lines)
+    return "  ...\n" + "\n".join(lines[starts[-frames] :])

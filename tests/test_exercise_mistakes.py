@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from distlab._patience import slowness
 from distlab.exercises import NOT_ATTEMPTED, PASSED, check
 
 TABLES = {
@@ -69,9 +70,10 @@ def test_a_learners_answer_gets_the_verdict_it_deserves(row, clusters, capsys):
         given["cluster"] = clusters(nb)
     ns = _learner(answer.code, nb, **given)
     label = f"Exercise {answer.exercise}"
-    start = time.monotonic()
+    start, slow = time.monotonic(), slowness()
     passed = check(label, grader, *[ns[n] for n in names])
     took = time.monotonic() - start
+    limit = 40 * max(slow, slowness())  # 40 s on a quiet machine, as the graders' own waits stretch
     lines = capsys.readouterr().out.strip().splitlines()
     verdict = lines[-1] if lines else ""
     assert [x for x in lines if x.startswith(f"{label}:")] == [verdict], lines  # one verdict
@@ -80,7 +82,7 @@ def test_a_learners_answer_gets_the_verdict_it_deserves(row, clusters, capsys):
     else:
         assert not passed and verdict.startswith(f"{label}: ✗ not yet: "), verdict
         assert answer.says in verdict, f"the verdict should say {answer.says!r}: {verdict}"
-    assert took < 40, f"the check took {took:.0f} s: a hang must be called one in seconds"
+    assert took < limit, f"the check took {took:.0f} s: a hang must be called one in seconds"
     if "cluster" in given:  # the next cell works: the answer did not leave the cluster stuck
         cluster = given["cluster"]
         ranks = cluster.run(dist.get_rank, _record=False)

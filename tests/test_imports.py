@@ -183,6 +183,8 @@ KNOWS_NOTHING = {
     ("distlab._torch", "ranks, notebooks or the learner"): (
         "distlab._ranks", "distlab.exercises", "distlab.launcher", "distlab.cluster",
         "distlab.magic"),  # (distlab.errors, a leaf, is the one way every module refuses input)
+    ("distlab._ranks.loopback", "ranks or process groups"): (
+        "distlab._ranks.group", "distlab._ranks.rank", "distlab._ranks.protocol", "torch"),
     ("distlab._ranks.starter", "which path is taken"): (
         "distlab._ranks.start_path", "distlab._ranks.forkserver", "distlab._ranks.spawn",
         "distlab._ranks.forkserver_main", "distlab._ranks.forksafety"),

@@ -19,7 +19,7 @@ from multiprocessing.connection import Connection, wait
 
 from .. import _config, _output
 from .._patience import patience
-from .._readable import readable
+from .._readable import innermost, readable
 from ..errors import (
     RESTART,
     ClusterBroken,
@@ -89,16 +89,17 @@ class RankGroup:
         self._lines = ship.LineShipper()
         self.starter = start_path.get(start_method)
         self.strict_fork = self.starter.method == "forkserver" and forksafety.macos_rules()
+        self.port = loopback.reserve_port()  # for rank 0's store, if the learner's code makes one
         base_env = {
             "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(world_size),
             "GROUP_RANK": "0",
-            **loopback.env(),
+            **loopback.env(self.port.port),
             "OMP_NUM_THREADS": str(self.threads),
             "MKL_NUM_THREADS": str(self.threads),
             **(env or {}),
         }
-        try:
+        try:  # (if this raises, the port is let go with this object)
             self.procs = self._start(base_env, pg_timeout)  # all of them, or an error and none
         except forksafety.ForkUnsafe as e:  # macOS's rules: the spawn path takes over, for good
             forksafety.mark_unsafe(str(e))
@@ -474,7 +475,7 @@ class RankGroup:
                                "code yet)")
             lines.append(f"rank {r} did not start within {self.start_timeout:g} s: it was still "
                          f"{doing}.")
-        for ranks, stack in _output.group_alike({r: _innermost(s) for r, s in stacks.items()}):
+        for ranks, stack in _output.group_alike({r: innermost(s) for r, s in stacks.items()}):
             who = _output.tag(ranks)[1:-1]
             lines += ["", f"--- {who}: innermost calls (most recent call last) ---", stack]
         started = [r for r in task.targets if r not in task.unstarted]
@@ -567,6 +568,7 @@ class RankGroup:
         for p in self.procs:  # ranks that died on their own still hold kernel-side ends
             p.close_channels()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+        self.port.release()  # only now: a rank could still have been listening on it
         self.starter.stopped()
 
     def __del__(self):
@@ -589,12 +591,3 @@ _STUCK_HINT = (
     "never join) and cannot be interrupted. " + RESTART
 )
 
-
-def _innermost(stack: str, frames: int = 4) -> str:
-    """The last ``frames`` frames of a formatted stack (two lines each, as traceback formats
-    them): where a rank that has not started yet is, without the imports that led there."""
-    lines = stack.rstrip("\n").splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith("  File ")]
-    if len(starts) <= frames:
-        return "\n".join(lines)
-    return "  ...\n" + "\n".join(lines[starts[-frames] :])
