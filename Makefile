@@ -28,16 +28,14 @@ COMPAT := requirements/compat.txt
 # Extra pytest arguments, e.g.  make test PYTEST_ARGS="-k launch -x"
 PYTEST_ARGS ?=
 # The test runs' pytest-xdist workers. The suite spends much of its time waiting (on ranks that
-# start, kernels that boot, hangs on purpose that must time out): `make test TEST_WORKERS=2` runs
-# the unit tests and the series on two workers, which share 2 cores well (a file's tests stay together
-# on one worker, --dist loadfile: a notebook's cells in order, a module's fixtures once). Not the
-# default yet: two workers' env:// rendezvous (notebook 01) once failed with "connectFullMesh
-# failed ... Connection closed by peer" (probably a port taken between two launches); until found
-# and fixed, CI runs one process.
-TEST_WORKERS ?= 1
+# start, kernels that boot, hangs on purpose that must time out): two workers share 2 cores well
+# (a file's tests stay together on one worker, --dist loadfile: a notebook's cells in order, a
+# module's fixtures once). `make test TEST_WORKERS=1` runs one process.
+TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: setup lab site test test-spawn test-cpu-kernels test-latest test-torch test-previous notebooks lock \
+.PHONY: setup lab site test test-spawn test-cpu-kernels test-cpu-threads test-latest test-torch \
+  torch-venv test-previous previous-venv notebooks lock \
   lint clean
 
 setup: $(VENV)/.stamp-deps $(VENV)/.stamp-compat $(VENV)/.stamp-kernel $(VENV)/.stamp-browser
@@ -104,16 +102,27 @@ site: $(VENV)/.stamp-deps
 	$(VPY) website/build.py --out site
 
 # Options live in pyproject.toml: unit tests plus every notebook re-run and compared (nbval),
-# then every notebook again on the spawn path (what a Mac runs: a fresh interpreter per rank).
+# then notebooks again on the spawn path (what a Mac runs: a fresh interpreter per rank), with
+# other thread counts, and on the torch release before the locked one.
+# The first phase runs under ATen's portable kernels (ATEN_CPU_CAPABILITY=default), what another
+# CPU prints (see test-cpu-kernels): the stored outputs were made with this machine's own
+# kernels, so every notebook is compared across two kinds of CPU in one run. Meanwhile the
+# previous torch's venv installs in the background (its log: .venv/previous-venv.log).
 # pytest's exit status 5 means "no tests collected", which is not a failure here.
 # DISTLAB_HOME: where distlab keeps what a learner saves (notebook 08's fit); the tests use
 # their own, so that `make test` never overwrites yours.
 TEST_HOME := $(CURDIR)/.venv/test-home
 test: setup
-	DISTLAB_HOME="$(TEST_HOME)" $(VPY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS); rc=$$?; \
+	@if [ -n "$(PREVIOUS_TORCH)" ]; then \
+	  $(MAKE) --no-print-directory previous-venv > $(VENV)/previous-venv.log 2>&1 & fi; \
+	echo "DISTLAB_HOME=$(TEST_HOME) ATEN_CPU_CAPABILITY=default $(VPY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)"; \
+	DISTLAB_HOME="$(TEST_HOME)" ATEN_CPU_CAPABILITY=default $(VPY) -m pytest $(XDIST) --durations=25 \
+	  $(PYTEST_ARGS); rc=$$?; \
+	if ! wait; then echo "installing torch $(PREVIOUS_TORCH) failed:"; \
+	  tail -20 $(VENV)/previous-venv.log; exit 1; fi; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 	$(MAKE) --no-print-directory test-spawn SPAWN_NOTEBOOKS="$(SPAWN_CORE)"
-	$(MAKE) --no-print-directory test-cpu-kernels
+	$(MAKE) --no-print-directory test-cpu-threads
 	$(MAKE) --no-print-directory test-previous
 
 # The notebooks as a Mac runs them (DISTLAB_START_METHOD=spawn: a fresh interpreter per rank),
@@ -142,7 +151,7 @@ test-spawn: setup
 #  - Four threads in the kernel and in every rank (DISTLAB_THREADS: what ranks get on an 8-core
 #    laptop), portable kernels: the notebooks whose ranks reduce large tensors (21, 24, 26, 27)
 #    and 19.
-# About 20 notebook runs. A stored output that depends on the CPU (the
+# About 20 notebook runs (`make test` runs the last 7: its first phase is the first configuration). A stored output that depends on the CPU (the
 # digits of a rounding error, a count at the edge of fp16's range) fails here: print the bound it
 # meets instead (distlab.below, distlab.above). `make test` runs it.
 CPU_NB = $(wildcard $(foreach n,$(1),notebooks/$(n)_*.ipynb))
@@ -152,6 +161,11 @@ CPU_ONE_THREAD_NOTEBOOKS ?= $(call CPU_NB,19 22)
 CPU_FOUR_THREAD_NOTEBOOKS ?= $(call CPU_NB,19 21 24 26 27)
 test-cpu-kernels: setup
 	ATEN_CPU_CAPABILITY=default $(CPU_KERNELS_PYTEST) $(CPU_KERNEL_NOTEBOOKS)
+	$(MAKE) --no-print-directory test-cpu-threads
+
+# The second and third configurations only: `make test`'s first phase already ran every notebook
+# under the portable kernels with the machine's own threads.
+test-cpu-threads: setup
 	OMP_NUM_THREADS=1 DISTLAB_THREADS=1 $(CPU_KERNELS_PYTEST) $(CPU_ONE_THREAD_NOTEBOOKS)
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=4 DISTLAB_THREADS=4 $(CPU_KERNELS_PYTEST) \
 	  $(CPU_FOUR_THREAD_NOTEBOOKS)
@@ -191,15 +205,18 @@ OTHER_TESTS ?= tests
 OTHER_NOTEBOOKS ?=
 OTHER := .venv-torch-$(TORCH_VERSION)
 OTHER_PIP := $(NO_CAP) $(OTHER)/bin/python -m pip
-test-torch:
+test-torch: torch-venv
+	$(call OTHER_SANITIZE,$(OTHER))
+	$(call OTHER_PYTEST,$(OTHER)) $(OTHER_TESTS) $(OTHER_NOTEBOOKS)
+
+# The venv of test-torch, installed (or brought up to date) and nothing run.
+torch-venv:
 	test -x $(OTHER)/bin/python || $(PY) -m venv $(OTHER)
 	$(OTHER_PIP) install -q pip==$(PIP_VERSION)
 	grep -vE '^(nvidia-|cuda-|triton)' $(LOCK) > $(OTHER)/lock.txt
 	$(OTHER_PIP) install -q torch==$(TORCH_VERSION) -c $(OTHER)/lock.txt
 	$(OTHER_PIP) install -q -r $(OTHER)/lock.txt
 	$(OTHER_PIP) install -q --no-deps --no-build-isolation -e .
-	$(call OTHER_SANITIZE,$(OTHER))
-	$(call OTHER_PYTEST,$(OTHER)) $(OTHER_TESTS) $(OTHER_NOTEBOOKS)
 
 # The release before the locked one, every `make test`: the tests of everything that reaches behind
 # the torch door (distlab/_torch*.py, scale/ with its pipeline replay, the simulated ranks) and the
@@ -212,6 +229,10 @@ PREVIOUS_TESTS := tests/test_torch.py tests/test_torch_simulation.py tests/test_
   tests/test_scale_pipeline.py tests/test_scale_planted.py tests/test_scale_vs_real.py \
   tests/test_scale_moved.py
 PREVIOUS_NOTEBOOKS := notebooks/25_at_scale_on_a_laptop.ipynb notebooks/26_three_d_mesh.ipynb
+previous-venv:
+	@if [ -z "$(PREVIOUS_TORCH)" ]; then exit 0; fi; \
+	$(MAKE) --no-print-directory torch-venv TORCH_VERSION=$(PREVIOUS_TORCH)
+
 test-previous:
 	@if [ -z "$(PREVIOUS_TORCH)" ]; then echo "PREVIOUS_TORCH is empty: skipped"; exit 0; fi; \
 	$(MAKE) --no-print-directory test-torch TORCH_VERSION=$(PREVIOUS_TORCH) \

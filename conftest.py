@@ -4,6 +4,11 @@ nbval reports a cell that raised with its traceback only. What the cell printed 
 raised (often the very values an assert compared) is lost, and a failure seen once on a busy CI
 machine cannot be diagnosed afterwards. This hook adds it to the failure's report, as a section
 "printed by the cell", next to pytest's own "Captured ..." sections.
+
+And at the end of a run that compared notebooks, each notebook's time under nbval (its cells'
+set-up, run and tear-down, the kernel's start included), against the course's budget: 10 s on
+average, none over 15 s, on a 2-core machine. A report, never a verdict: how long a run takes
+depends on the machine and on what else it is doing (`distlab._patience.slowness`, printed beside).
 """
 
 from __future__ import annotations
@@ -11,8 +16,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections import defaultdict
 
 import pytest
+
+#: The course's time budget per notebook under nbval on a quiet 2-core machine (the brief's).
+NOTEBOOK_MEAN, NOTEBOOK_MOST = 10.0, 15.0
+_notebook_seconds: dict[str, float] = defaultdict(float)
 
 
 def printed_by(outputs: list[dict]) -> str:
@@ -71,3 +81,36 @@ def pytest_unconfigure(config):
     tmp = getattr(config, "_distlab_tmp", None)
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pytest_runtest_logreport(report):
+    """Adds up each notebook's time (on the controller under xdist: every report comes here)."""
+    path = report.nodeid.split("::", 1)[0]
+    if path.endswith(".ipynb"):
+        _notebook_seconds[path] += report.duration
+
+
+def notebook_times(seconds: dict[str, float], slowness: float) -> list[str]:
+    """The lines of the notebook-time report: the mean, the slowest, those over the budget."""
+    if not seconds:
+        return []
+    mean = sum(seconds.values()) / len(seconds)
+    over = {p: s for p, s in seconds.items() if s > NOTEBOOK_MOST}
+    slowest = sorted(seconds.items(), key=lambda kv: -kv[1])[:5]
+    lines = [f"{len(seconds)} notebooks: mean {mean:.1f} s (budget {NOTEBOOK_MEAN:.0f} s), "
+             f"machine's slowness now {slowness:.1f}x",
+             "slowest: " + ", ".join(f"{os.path.basename(p)[:2]} {s:.1f} s" for p, s in slowest)]
+    if over:
+        lines.append(f"over {NOTEBOOK_MOST:.0f} s: " + ", ".join(
+            f"{os.path.basename(p)} {s:.1f} s" for p, s in sorted(over.items())))
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter):
+    from distlab._patience import slowness
+
+    lines = notebook_times(_notebook_seconds, slowness())
+    if lines:
+        terminalreporter.section("notebook times under nbval")
+        for line in lines:
+            terminalreporter.write_line(line)

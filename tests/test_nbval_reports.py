@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -32,3 +33,20 @@ def test_a_failing_cell_shows_what_it_printed(tmp_path):
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "printed by the cell" in proc.stdout
     assert "got: ['late', 'missing']" in proc.stdout
+    # and the notebook's time, with the machine's slowness beside it
+    times = proc.stdout.split("notebook times under nbval", 1)[1]
+    assert "1 notebooks: mean" in times and "slowness now" in times and "slowest: fa " in times
+
+
+def test_the_notebook_times_name_each_one_over_the_budget():
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)  # the root one (tests/ has its own)
+    spec.loader.exec_module(conftest)
+
+    seconds = {"notebooks/00_a.ipynb": 9.0, "notebooks/25_b.ipynb": 15.5,
+               "notebooks/26_c.ipynb": 15.0, "notebooks/03_d.ipynb": 4.0}
+    lines = conftest.notebook_times(seconds, 1.3)
+    assert lines[0] == "4 notebooks: mean 10.9 s (budget 10 s), machine's slowness now 1.3x"
+    assert lines[1] == "slowest: 25 15.5 s, 26 15.0 s, 00 9.0 s, 03 4.0 s"
+    assert lines[2] == "over 15 s: 25_b.ipynb 15.5 s"  # 15.0 is within
+    assert conftest.notebook_times({}, 1.0) == []

@@ -245,10 +245,12 @@ def test_lay_out_shows_every_distinct_stage_side_by_side():
     laid = scale.lay_out(SMALL, scale.Layout(dp=2, pp=4, seq_len=64), processes=2)
     assert [r.stage for r in laid.ranks] == [0, 1, 3]
     text = str(laid)
-    assert text.splitlines()[1].split() == ["stage", "0", "(of", "4)", "stage", "1", "stage", "3"]
+    # columns are pipeline ranks (with an interleaved schedule a rank holds several stages)
+    assert text.splitlines()[1].split() == ["pp", "rank", "0", "(of", "4)", "pp", "rank", "1",
+                                            "pp", "rank", "3"]
     assert "layers" in text and "0-0" in text and "3-3" in text
     assert laid[3].layers == (3,)
-    with pytest.raises(KeyError, match="stage 2 was not simulated"):
+    with pytest.raises(KeyError, match="pipeline rank 2 was not simulated"):
         laid[2]
     with pytest.raises(ValueError, match="processes must be an int >= 1"):
         scale.lay_out(SMALL, scale.Layout(dp=2, seq_len=64), processes=0)

@@ -72,12 +72,13 @@ class LaidOut:
         for r in self.ranks:
             if r.stage == stage:
                 return r
-        raise KeyError(f"stage {stage} was not simulated; these were: "
+        raise KeyError(f"pipeline rank {stage} was not simulated; these were: "
                        f"{[r.stage for r in self.ranks]}")
 
     def text(self) -> str:
         head = [f"{self.model.name} on {self.layout.text()}"]
-        cols = [f"stage {r.stage}" + (f" (of {self.layout.pp})" if r.stage == 0 else "")
+        # a pipeline rank (with an interleaved schedule it holds several of torch's stages)
+        cols = [f"pp rank {r.stage}" + (f" (of {self.layout.pp})" if r.stage == 0 else "")
                 for r in self.ranks]
         rows = [("layers", [_ranges(r.layers) for r in self.ranks]),
                 ("parameters held", [f"{r.numel:,}" for r in self.ranks])]
