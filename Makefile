@@ -34,7 +34,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: setup lab site test test-spawn test-cpu-kernels test-cpu-threads test-latest test-torch \
+.PHONY: setup lab site test test-side test-spawn test-cpu-kernels test-cpu-threads test-latest test-torch \
   torch-venv test-previous previous-venv notebooks lock \
   lint clean
 
@@ -104,23 +104,35 @@ site: $(VENV)/.stamp-deps
 # Options live in pyproject.toml: unit tests plus every notebook re-run and compared (nbval),
 # then notebooks again on the spawn path (what a Mac runs: a fresh interpreter per rank), with
 # other thread counts, and on the torch release before the locked one.
-# The first phase runs under ATen's portable kernels (ATEN_CPU_CAPABILITY=default), what another
+# The first part runs under ATen's portable kernels (ATEN_CPU_CAPABILITY=default), what another
 # CPU prints (see test-cpu-kernels): the stored outputs were made with this machine's own
-# kernels, so every notebook is compared across two kinds of CPU in one run. Meanwhile the
-# previous torch's venv installs in the background (its log: .venv/previous-venv.log).
+# kernels, so every notebook is compared across two kinds of CPU in one run.
+# The other parts (test-side: installing the previous torch, the spawn path, the thread counts,
+# the previous torch's tests) run beside the first, on the cores it leaves idle while it waits on
+# ranks and kernels; their output follows the first part's (kept in .venv/test-side.log).
 # pytest's exit status 5 means "no tests collected", which is not a failure here.
 # DISTLAB_HOME: where distlab keeps what a learner saves (notebook 08's fit); the tests use
 # their own, so that `make test` never overwrites yours.
 TEST_HOME := $(CURDIR)/.venv/test-home
+SIDE_LOG := $(VENV)/test-side.log
 test: setup
-	@if [ -n "$(PREVIOUS_TORCH)" ]; then \
-	  $(MAKE) --no-print-directory previous-venv > $(VENV)/previous-venv.log 2>&1 & fi; \
+	@$(MAKE) --no-print-directory test-side TEST_WORKERS=1 > $(SIDE_LOG) 2>&1 & side=$$!; \
 	echo "DISTLAB_HOME=$(TEST_HOME) ATEN_CPU_CAPABILITY=default $(VPY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)"; \
+	echo "(and beside it: make test-side, its output below when both are done)"; \
 	DISTLAB_HOME="$(TEST_HOME)" ATEN_CPU_CAPABILITY=default $(VPY) -m pytest $(XDIST) --durations=25 \
 	  $(PYTEST_ARGS); rc=$$?; \
-	if ! wait; then echo "installing torch $(PREVIOUS_TORCH) failed:"; \
-	  tail -20 $(VENV)/previous-venv.log; exit 1; fi; \
-	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; \
+	wait $$side; side_rc=$$?; \
+	echo "==================== make test-side (ran beside the above) ===================="; \
+	grep -v "^WARNING: Location" $(SIDE_LOG); \
+	if [ $$side_rc -ne 0 ]; then echo "make test-side failed"; fi; \
+	[ $$rc -eq 0 ] && [ $$side_rc -eq 0 ]
+
+# What `make test` runs beside its first part, one after another and on one worker (the first
+# part has two): the spawn path's core notebooks, the other thread counts, the previous torch
+# (its venv installed first).
+test-side: setup
+	$(MAKE) --no-print-directory previous-venv
 	$(MAKE) --no-print-directory test-spawn SPAWN_NOTEBOOKS="$(SPAWN_CORE)"
 	$(MAKE) --no-print-directory test-cpu-threads
 	$(MAKE) --no-print-directory test-previous
