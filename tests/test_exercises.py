@@ -273,3 +273,23 @@ def test_a_skeleton_that_imports_what_the_answer_needs_is_still_not_attempted(ca
 
     assert check("Exercise 1", test_started, started) is False
     assert "in started): it is not finished yet" in capsys.readouterr().out
+
+
+def _rank_0_alone():
+    import torch
+
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins
+
+
+def test_on_a_busy_machine_a_hang_on_a_cluster_is_called_a_hang_before_gloo_gives_up(monkeypatch):
+    # A check's wait is stretched by the load, but the cluster's process group gives up a few
+    # seconds after the cluster's own timeout: past it, the verdict was gloo's "Timed out
+    # waiting ... for send operation", not "your answer hangs" (seen beside two CPU burners).
+    from distlab.exercises import expect
+
+    monkeypatch.setenv("DISTLAB_SLOWNESS", "10")  # 5 s stretched to 50, the cluster's is 3
+    with distlab.Cluster(world_size=2, timeout=3) as cluster:
+        with pytest.raises(distlab.RankTimeout):
+            expect.run(_rank_0_alone, cluster=cluster)
+    assert expect._hang_wait(5, None) == 50  # a fresh launch: its own group waits as long

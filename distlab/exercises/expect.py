@@ -301,14 +301,24 @@ def restoring(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
+def _hang_wait(timeout: float, cluster=None) -> float:
+    """How long a check waits before it calls an answer a hang: ``timeout`` stretched by the
+    load, but on a live cluster never past the cluster's own timeout. Its process group gives up
+    a few seconds after that (gloo's "Timed out waiting ... for send operation"), and the verdict
+    would then be that error instead of "your answer hangs" (seen on a machine busy enough to
+    stretch 10 s past the cluster's 60)."""
+    wait = patience(timeout)
+    return wait if cluster is None else min(wait, cluster.timeout)
+
+
 def run(fn, *args, world_size: int = 2, cluster=None, timeout: float = HANG, **kwargs) -> list:
     """``fn(*args, **kwargs)`` on ``world_size`` new ranks (or the live ranks of ``cluster``),
     called a hang after ``timeout`` seconds: one value per rank. What the call changed of a
     rank's shared state (the default dtype, patched classes: `restored`) is put back after it.
     Raises what `distlab.launch` raises (`distlab.check` turns each into a verdict)."""
     if cluster is not None:
-        return cluster.run(restoring, fn, *args, timeout=patience(timeout), _record=False,
-                           **kwargs)
+        return cluster.run(restoring, fn, *args, timeout=_hang_wait(timeout, cluster),
+                           _record=False, **kwargs)
     from ..launcher import launch
 
     return launch(restoring, fn, *args, world_size=world_size, timeout=patience(timeout),
@@ -322,7 +332,8 @@ def collectives(fn, *args, world_size: int = 2, cluster=None, timeout: float = H
     from ..timeline import metrics, record
 
     where = {"cluster": cluster} if cluster is not None else {"world_size": world_size}
-    tl = record(restoring, fn, *args, timeout=patience(timeout), sync=False, **where, **kwargs)
+    tl = record(restoring, fn, *args, timeout=_hang_wait(timeout, cluster), sync=False, **where,
+                **kwargs)
     calls = [[e.name for e in metrics.calls(tl.events(r))] for r in range(tl.world_size)]
     return tl.results, calls
 

@@ -46,7 +46,8 @@ class CalculatorCheck:
 
     def text(self) -> str:
         lines = [f"{self.laid.model.name} on {self.laid.layout.text()}",
-                 f"{'pp rank':>7}  {'':28}{'simulated GB':>13}{'calculator GB':>15}{'calc/sim':>10}"]
+                 f"{'pp rank':>7}  {'':28}{'simulated GB':>13}{'calculator GB':>15}"
+                 f"{'calc/sim':>10}"]
         for stage, part, sim, calc in self.rows:
             ratio = f"{calc / sim:.4f}" if sim else "-"
             lines.append(f"{stage:>7}  {part:28}{sim / GB:>13.3f}{calc / GB:>15.3f}{ratio:>10}")
