@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from . import _config, _output, _readable
 from ._ranks import ship, start_path
 from ._ranks.group import RankGroup
-from .errors import DistlabError, InputError, InputTypeError, entry_point
+from .errors import DistlabError, InputError, InputTypeError, RankTimeout, entry_point
 
 _current: weakref.ref | None = None
 _all: weakref.WeakSet = weakref.WeakSet()
@@ -96,6 +96,9 @@ class Cluster:
     Each rank's namespace (used by ``%%ranks`` cells, `exec`, `push` and `pull`) starts with
     ``torch``, ``dist`` (``torch.distributed``), ``rank`` and ``world_size``.
 
+    ``hung`` is True once a call has timed out (until `restart`): even where every rank was
+    interrupted, a collective cut off halfway can leave the ranks out of step.
+
     Use it as a context manager, or call `shutdown()`; ranks also die with the kernel.
     """
 
@@ -125,6 +128,10 @@ class Cluster:
         self._widget = None
         self._group: RankGroup | None = None
         self._history: list[_Step] = []
+        #: A run timed out since the ranks started: its collective may have been cut off halfway
+        #: on some ranks only (they stopped when interrupted, or when gloo gave up just after),
+        #: leaving the ranks out of step; `distlab.check` restarts such a cluster.
+        self.hung = False
         self._start()
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -151,6 +158,7 @@ class Cluster:
             self._serial = Cluster._serial_counter
             _all.add(self)
             _current = weakref.ref(self)
+        self.hung = False
         self._refresh()
 
     @property
@@ -262,6 +270,9 @@ class Cluster:
                 on_failure="interrupt",
                 fold=fold,
             )
+        except RankTimeout:
+            self.hung = True
+            raise
         finally:
             self._refresh()
         if what is not None:

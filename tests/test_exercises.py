@@ -293,3 +293,51 @@ def test_on_a_busy_machine_a_hang_on_a_cluster_is_called_a_hang_before_gloo_give
         with pytest.raises(distlab.RankTimeout):
             expect.run(_rank_0_alone, cluster=cluster)
     assert expect._hang_wait(5, None) == 50  # a fresh launch: its own group waits as long
+
+
+def _rank_0_reduces_then_both_wait():
+    import time
+
+    import torch
+
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1), async_op=True)  # started, never joined by rank 1
+    while True:
+        time.sleep(0.05)  # Python: an interrupt stops both ranks, the collective left halfway
+
+
+def _every_rank_reduces():
+    import torch
+
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+
+
+@pytest.mark.parametrize(
+    "hang, slow",
+    [
+        (_rank_0_reduces_then_both_wait, None),
+        # CI beside a slow machine: the interrupt's wait (stretched) outlasted the process
+        # group's timeout, gloo ended rank 0's collective, the rank came back idle, and every
+        # later answer on that cluster failed ("Connection closed by peer").
+        (_rank_0_alone, "10"),
+    ],
+    ids=["interrupted in Python", "ended by gloo's timeout while interrupted"],
+)
+def test_after_a_hang_the_next_answer_runs_on_ranks_in_step(hang, slow, monkeypatch, capsys):
+    from distlab.exercises import expect
+
+    if slow:
+        monkeypatch.setenv("DISTLAB_SLOWNESS", slow)
+    with distlab.Cluster(world_size=2, timeout=3) as cluster:
+
+        def grader(answer):
+            values = expect.run(answer, cluster=cluster, timeout=3)
+            assert values == [2.0, 2.0], values
+
+        assert check("Exercise 1", grader, hang) is False
+        out = capsys.readouterr().out
+        assert "your answer hangs" in out and "distlab restarted its ranks" in out, out
+        assert not cluster.hung
+        assert check("Exercise 1", grader, _every_rank_reduces) is True, capsys.readouterr()

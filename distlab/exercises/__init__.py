@@ -247,17 +247,24 @@ def _last_user_line(stack: str) -> str:
 
 
 def _repair_clusters() -> str:
-    """Restart (and replay) every live cluster the answer left with stuck or dead ranks; what
-    to tell the learner about it."""
+    """Restart (and replay) every live cluster the answer left with stuck or dead ranks, or
+    out of step after a hang; what to tell the learner about it.
+
+    A hang is always repaired, even when every rank stopped when interrupted: a collective cut
+    off halfway (or ended by gloo's own timeout while distlab waited for the ranks to stop)
+    leaves the ranks out of step, and the next check's collectives would fail or pair up
+    wrongly ("Connection closed by peer", "Application timeout caused pair closure")."""
     from .. import cluster as _cluster
 
     told = ""
     for c in list(_cluster._all):
-        if c.closed or all(state in ("idle", "busy") for state in c.states.values()):
+        stuck = any(state not in ("idle", "busy") for state in c.states.values())
+        if c.closed or not (stuck or c.hung):
             continue
         replayed = c.restart()
+        what = "left the cluster stuck" if stuck else "hung, which leaves the ranks out of step"
         told = (
-            f". Your answer left the cluster stuck: distlab restarted its ranks and re-ran the "
+            f". Your answer {what}: distlab restarted its ranks and re-ran the "
             f"{replayed} cell(s) that set them up, so you can try again"
         )
     return told
