@@ -71,10 +71,31 @@ def pytest_configure(config):
     its own (TMPDIR, inherited by its kernels and ranks): a test that checks that launches leave
     no files behind (tests/test_launcher.py) then sees only its own worker's."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
+    _share_the_cores()
     if worker and not hasattr(config, "_distlab_tmp"):
         config._distlab_tmp = tempfile.mkdtemp(prefix=f"xdist-{worker}-")
         os.environ["TMPDIR"] = config._distlab_tmp
         tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
+def _share_the_cores() -> None:
+    """Each of N workers gets cores // N threads (at least 1) for torch in the worker and in the
+    kernels it starts (OMP_NUM_THREADS, read by torch at import), unless OMP_NUM_THREADS is set
+    already (`make test-cpu-threads` sets it on purpose). Two workers of two torch threads each on
+    two cores, beside their ranks, make every parallel region wait on a thread that has no core:
+    a tiny fp16 GPT's 10 steps took 3.7 s instead of 1.1 s at a load of 7 (notebook 19's
+    exercise 2, whose check runs 20 of them, took 10 s a row in `make test`). Ranks are not
+    touched: distlab gives each its own share (distlab.launch's ``threads``)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    if threads >= (os.cpu_count() or 1):
+        return  # one worker: torch's own default
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def pytest_unconfigure(config):
