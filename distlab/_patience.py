@@ -9,6 +9,8 @@ machine's load says now. A limit the learner sets (``launch(timeout=...)``, ``st
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 
 #: The most a limit is stretched: a machine 10 times slower than a quiet one is not "busy" but
@@ -57,3 +59,54 @@ def slowness() -> float:
 def patience(seconds: float) -> float:
     """``seconds`` (a limit that suits a quiet machine) stretched by `slowness` now."""
     return seconds * slowness()
+
+
+# -- a grader's wait for a hang ------------------------------------------------------------------
+
+#: Set while a check waits for a learner's answer (`hang_when_idle`): the quiet machine's limit,
+#: after which ranks that use no CPU are called hung at once instead of at the stretched limit.
+_idle_after: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "distlab_idle_after", default=None)
+
+
+@contextlib.contextmanager
+def hang_when_idle(seconds: float):
+    """Inside: a wait for ranks stretched by `patience` ends after ``seconds`` (the limit on a
+    quiet machine) if the ranks still running use no CPU: they wait for each other (a collective
+    or a recv that a rank never joins), and no amount of waiting ends that. Ranks that compute,
+    or wait on a disk, get the stretched limit. What `distlab.exercises.expect.run` waits
+    under: on a busy laptop an answer that hangs is called a hang after 10 s, not 35."""
+    token = _idle_after.set(seconds)
+    try:
+        yield
+    finally:
+        _idle_after.reset(token)
+
+
+def idle_after() -> float | None:
+    """The limit `hang_when_idle` set, or None outside it."""
+    return _idle_after.get()
+
+
+def cpu_seconds(pids) -> dict[int, float] | None:
+    """Each live process's CPU seconds so far (user + system, all its threads), leaving out one
+    that runs or waits on a disk now (so that it never looks idle); None where psutil cannot
+    tell (then nothing is called idle)."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    seen = {}
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            with p.oneshot():
+                if p.status() in (psutil.STATUS_RUNNING, psutil.STATUS_DISK_SLEEP):
+                    continue
+                t = p.cpu_times()
+                seen[pid] = t.user + t.system
+        except psutil.Error:
+            continue  # gone: its death is reported by its own channel
+        except Exception:  # noqa: BLE001 -- an unknown platform: never call anything idle
+            return None
+    return seen

@@ -341,3 +341,38 @@ def test_after_a_hang_the_next_answer_runs_on_ranks_in_step(hang, slow, monkeypa
         assert "your answer hangs" in out and "distlab restarted its ranks" in out, out
         assert not cluster.hung
         assert check("Exercise 1", grader, _every_rank_reduces) is True, capsys.readouterr()
+
+
+def test_on_a_busy_machine_a_hang_is_called_at_the_quiet_limit_when_the_ranks_use_no_cpu(
+        monkeypatch):
+    # The check's 2 s is stretched to 20 by the load, but rank 0 waits in a collective rank 1
+    # never joins, using no CPU: it is called a hang after 2 s, and the report says 2 s.
+    from distlab.exercises import expect
+
+    monkeypatch.setenv("DISTLAB_SLOWNESS", "10")
+    with pytest.raises(distlab.RankTimeout) as e:
+        expect.run(_rank_0_alone, timeout=2)
+    assert e.value.timeout == 2
+
+
+def _computes_then_reduces(seconds):
+    import time
+
+    import torch
+
+    end = time.process_time() + seconds  # CPU seconds: as long on a busy machine as a quiet one
+    while time.process_time() < end:
+        pass
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def test_ranks_that_compute_past_the_quiet_limit_get_the_stretched_one():
+    # Past the quiet machine's limit (0.5 s) rank 0 still computes (1.5 CPU seconds) while rank 1
+    # waits for it in the all_reduce: working, not hung, so the wait goes on to the limit given.
+    from distlab._patience import hang_when_idle
+
+    with hang_when_idle(0.5):
+        assert distlab.launch(_computes_then_reduces, 1.5, world_size=2, timeout=120,
+                              threads=1) == [2.0, 2.0]

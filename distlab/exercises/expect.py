@@ -18,11 +18,13 @@ import os
 import random
 from fractions import Fraction
 
-from .._patience import patience
+from .._patience import hang_when_idle, patience
 
 #: Seconds a learner's function may run in a check before it is called a hang: ample for the
 #: exercises' tiny tensors on a quiet laptop, short enough to wait for; stretched by the load
-#: (`_patience.patience`), as a fresh interpreter per rank on a busy Mac needs.
+#: (`_patience.patience`) while the ranks still compute, but called at once past it where they use
+#: no CPU (`_patience.hang_when_idle`: they wait for each other, and waiting longer changes
+#: nothing).
 HANG = 5.0
 
 
@@ -316,13 +318,14 @@ def run(fn, *args, world_size: int = 2, cluster=None, timeout: float = HANG, **k
     called a hang after ``timeout`` seconds: one value per rank. What the call changed of a
     rank's shared state (the default dtype, patched classes: `restored`) is put back after it.
     Raises what `distlab.launch` raises (`distlab.check` turns each into a verdict)."""
-    if cluster is not None:
-        return cluster.run(restoring, fn, *args, timeout=_hang_wait(timeout, cluster),
-                           _record=False, **kwargs)
-    from ..launcher import launch
+    with hang_when_idle(timeout):
+        if cluster is not None:
+            return cluster.run(restoring, fn, *args, timeout=_hang_wait(timeout, cluster),
+                               _record=False, **kwargs)
+        from ..launcher import launch
 
-    return launch(restoring, fn, *args, world_size=world_size, timeout=patience(timeout),
-                  **kwargs)
+        return launch(restoring, fn, *args, world_size=world_size, timeout=patience(timeout),
+                      **kwargs)
 
 
 def collectives(fn, *args, world_size: int = 2, cluster=None, timeout: float = HANG, **kwargs):
@@ -332,8 +335,9 @@ def collectives(fn, *args, world_size: int = 2, cluster=None, timeout: float = H
     from ..timeline import metrics, record
 
     where = {"cluster": cluster} if cluster is not None else {"world_size": world_size}
-    tl = record(restoring, fn, *args, timeout=_hang_wait(timeout, cluster), sync=False, **where,
-                **kwargs)
+    with hang_when_idle(timeout):
+        tl = record(restoring, fn, *args, timeout=_hang_wait(timeout, cluster), sync=False,
+                    **where, **kwargs)
     calls = [[e.name for e in metrics.calls(tl.events(r))] for r in range(tl.world_size)]
     return tl.results, calls
 
