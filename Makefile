@@ -136,19 +136,19 @@ test: setup
 test-side: setup
 	$(MAKE) --no-print-directory previous-venv
 	$(MAKE) --no-print-directory test-spawn SPAWN_NOTEBOOKS="$(SPAWN_CORE)"
-	$(MAKE) --no-print-directory test-cpu-threads
+	$(MAKE) --no-print-directory test-cpu-threads \
+	  CPU_FOUR_THREAD_NOTEBOOKS="$(MAKE_TEST_FOUR_THREADS)"
 	$(MAKE) --no-print-directory test-previous
 
 # The notebooks as a Mac runs them (DISTLAB_START_METHOD=spawn: a fresh interpreter per rank),
 # compared strictly too. `make test-spawn` runs all of them (slow: every rank imports torch
-# anew). `make test` runs the five that cover every spawn-path behaviour:
-# launches and hangs with short timeouts (00, 02), RPC (12), debugging stuck ranks (18), a 4-rank
-# cluster with DTensor, FSDP and DCP (24). (11's hangs are 00's and 02's kind, 14's DTensor and
-# FSDP are in 24; 25 runs its simulated ranks in the kernel, where the start method plays no
-# part.)
+# anew). `make test` runs the four that cover every spawn-path behaviour:
+# launches, a cluster, the stop button and hangs with short timeouts (00), RPC (12), debugging
+# stuck ranks (18), a 4-rank cluster with DTensor, FSDP and DCP (24). (02's and 11's hangs are
+# 00's kind, 14's DTensor and FSDP are in 24; 25 runs its simulated ranks in the kernel, where the
+# start method plays no part.)
 SPAWN_CORE := $(addprefix notebooks/,00_launching_from_a_notebook.ipynb \
-  02_point_to_point.ipynb 12_rpc_basics.ipynb 18_debugging_distributed_jobs.ipynb \
-  24_capstone_2d_parallel.ipynb)
+  12_rpc_basics.ipynb 18_debugging_distributed_jobs.ipynb 24_capstone_2d_parallel.ipynb)
 SPAWN_NOTEBOOKS ?= notebooks
 test-spawn: setup
 	DISTLAB_HOME="$(TEST_HOME)" DISTLAB_START_METHOD=spawn $(VPY) -m pytest $(XDIST) \
@@ -165,7 +165,9 @@ test-spawn: setup
 #  - Four threads in the kernel and in every rank (DISTLAB_THREADS: what ranks get on an 8-core
 #    laptop), portable kernels: the notebooks whose ranks reduce large tensors (21, 24, 26, 27)
 #    and 19.
-# About 20 notebook runs (`make test` runs the last 7: its first phase is the first configuration). A stored output that depends on the CPU (the
+# About 20 notebook runs. `make test` runs the second configuration, and the third on 19, 21 and
+# 27 (MAKE_TEST_FOUR_THREADS; 24 and 26, whose ranks' reductions 21 and 27 share, only here):
+# its first phase is the first configuration. A stored output that depends on the CPU (the
 # digits of a rounding error, a count at the edge of fp16's range) fails here: print the bound it
 # meets instead (distlab.below, distlab.above). `make test` runs it.
 CPU_NB = $(wildcard $(foreach n,$(1),notebooks/$(n)_*.ipynb))
@@ -183,6 +185,8 @@ test-cpu-threads: setup
 	OMP_NUM_THREADS=1 DISTLAB_THREADS=1 $(CPU_KERNELS_PYTEST) $(CPU_ONE_THREAD_NOTEBOOKS)
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=4 DISTLAB_THREADS=4 $(CPU_KERNELS_PYTEST) \
 	  $(CPU_FOUR_THREAD_NOTEBOOKS)
+
+MAKE_TEST_FOUR_THREADS = $(call CPU_NB,19 21 27)
 
 # Other torch releases, each in a venv of its own; nothing here touches .venv or the lock. Stored
 # outputs were made with $(TORCH): on another release the notebooks' first line (the versions)
