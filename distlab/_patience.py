@@ -74,8 +74,9 @@ def hang_when_idle(seconds: float):
     """Inside: a wait for ranks stretched by `patience` ends after ``seconds`` (the limit on a
     quiet machine) if the ranks still running use no CPU: they wait for each other (a collective
     or a recv that a rank never joins), and no amount of waiting ends that. Ranks that compute,
-    or wait on a disk, get the stretched limit. What `distlab.exercises.expect.run` waits
-    under: on a busy laptop an answer that hangs is called a hang after 10 s, not 35."""
+    or wait on a disk, get the stretched limit (`distlab._ranks.idle`). What
+    `distlab.exercises.expect.run` waits under: on a busy laptop an answer that hangs is called a
+    hang after 10 s, not 35."""
     token = _idle_after.set(seconds)
     try:
         yield
@@ -86,27 +87,3 @@ def hang_when_idle(seconds: float):
 def idle_after() -> float | None:
     """The limit `hang_when_idle` set, or None outside it."""
     return _idle_after.get()
-
-
-def cpu_seconds(pids) -> dict[int, float] | None:
-    """Each live process's CPU seconds so far (user + system, all its threads), leaving out one
-    that runs or waits on a disk now (so that it never looks idle); None where psutil cannot
-    tell (then nothing is called idle)."""
-    try:
-        import psutil
-    except ImportError:
-        return None
-    seen = {}
-    for pid in pids:
-        try:
-            p = psutil.Process(pid)
-            with p.oneshot():
-                if p.status() in (psutil.STATUS_RUNNING, psutil.STATUS_DISK_SLEEP):
-                    continue
-                t = p.cpu_times()
-                seen[pid] = t.user + t.system
-        except psutil.Error:
-            continue  # gone: its death is reported by its own channel
-        except Exception:  # noqa: BLE001 -- an unknown platform: never call anything idle
-            return None
-    return seen

@@ -1,8 +1,9 @@
 """An instructor's own notebook, checked the way a workshop's CI would: written fresh in a folder
 outside the project, executed once with nbconvert, then re-run and compared by strict nbval, with
-no sanitize file: two runs, each with its own ports, pids, temp paths and times. distlab's output must compare anywhere: no cell numbers, ports, temp paths, pids
-or times in what nbval compares. Every public entry point is in it: launch, Cluster and %%ranks
-(with --timeout and --no-fold), an error and hangs on purpose, timeline, memory, check, pictures.
+no sanitize file: two runs, each with its own ports, pids, temp paths and times. distlab's output
+must compare anywhere: no cell numbers, ports, temp paths, pids or times in what nbval compares.
+Every public entry point is in it: launch, Cluster and %%ranks (with --timeout and --no-fold), an
+error and hangs on purpose, timeline, memory, check, pictures.
 """
 
 from __future__ import annotations

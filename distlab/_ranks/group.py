@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from .. import _config, _output
-from .._patience import cpu_seconds, idle_after, patience
+from .._patience import idle_after, patience
 from .._readable import innermost, readable
 from ..errors import (
     RESTART,
@@ -30,7 +30,7 @@ from ..errors import (
     exit_text,
     order_failures,
 )
-from . import forksafety, loopback, protocol, ship, start_path
+from . import forksafety, idle, loopback, protocol, ship, start_path
 from .proc import RankProcess
 from .protocol import Began, Exit, RankSpec, Reply, Run, Started
 
@@ -41,11 +41,6 @@ PG_MARGIN = 3.0
 #: How long interrupted ranks get to stop: Python stops at the next bytecode; a rank blocked in
 #: C++ (a collective's wait) never does, and is reported stuck when this runs out.
 _INTERRUPT_WAIT = 1.0
-#: A grader's hang (`distlab._patience.hang_when_idle`): ranks that used less than `_IDLE_CPU`
-#: CPU seconds together over `_IDLE_WINDOW` seconds are blocked, not slow. A rank that computes on
-#: a machine with 10 tasks per core still gets about 0.1 s of each second.
-_IDLE_WINDOW = 1.0
-_IDLE_CPU = 0.03
 #: How long a dead rank's exit status may take (the fork server reports it between warm-up
 #: imports). These waits suit a quiet machine; `_patience.patience` stretches them on a busy one.
 _EXIT_WAIT = 5.0
@@ -201,41 +196,17 @@ class RankGroup:
                     until=lambda: all(r in task.began for r in task.pending),
                 )
                 began = max([task.started, *task.began.values()])
-                idle = idle_after()
-                if idle is not None and idle < timeout:
-                    self.collect(task, began + idle, stream, grace)
-                    if self._collect_while_working(task, began + timeout, stream, grace):
-                        timeout = idle  # called at the quiet machine's limit: say that one
+                quiet = idle_after()  # a grader's wait: see distlab._ranks.idle
+                if quiet is not None and quiet < timeout:
+                    self.collect(task, began + quiet, stream, grace)
+                    if idle.collect_while_working(self, task, began + timeout, stream, grace):
+                        timeout = quiet  # called at the quiet machine's limit: say that one
                 else:
                     self.collect(task, began + timeout, stream, grace)
         except KeyboardInterrupt:
             self.after_interrupt(task, on_failure, stream, fold)
             raise
         return self.finish(task, timeout, stream and show, on_failure, fold, show)
-
-    def _collect_while_working(
-        self, task: _Task, deadline: float, stream: bool, grace: float
-    ) -> bool:
-        """Past a hang's limit on a quiet machine (`hang_when_idle`), wait on until ``deadline``
-        (the limit stretched by the load) only while the ranks still running work: returns True
-        if they were called hung early, for using no CPU over `_IDLE_WINDOW` seconds (each is
-        blocked, waiting for another: a collective or a recv one of them never joins)."""
-        pids = lambda: [self.procs[r].pid for r in task.pending]  # noqa: E731
-        before = cpu_seconds(pids())
-        while task.pending and time.monotonic() < deadline:
-            if before is None or task.first_failure_at is not None:
-                self.collect(task, deadline, stream, grace)  # as without: psutil cannot tell
-                return False
-            self.collect(task, min(deadline, time.monotonic() + _IDLE_WINDOW), stream, grace)
-            now = cpu_seconds(pids())
-            if not task.pending or now is None:
-                continue
-            alike = [pid for pid in pids() if pid in before and pid in now]
-            used = sum(now[pid] - before[pid] for pid in alike)
-            if len(alike) == len(task.pending) and used < _IDLE_CPU:
-                return True
-            before = now
-        return False
 
     def submit(self, payload: bytes, ranks: list[int] | None = None) -> _Task:
         targets = list(range(self.world_size)) if ranks is None else list(ranks)

@@ -1,0 +1,65 @@
+"""Ranks that wait for each other, told from ranks that work: by the CPU they use.
+
+A grader's wait for a learner's answer is stretched by the load (`distlab._patience.patience`)
+so that slow is not called hung on a busy laptop. But ranks blocked in a collective or a recv
+that one of them never joins use no CPU, and waiting longer changes nothing: past the quiet
+machine's limit (`distlab._patience.hang_when_idle`) they are called hung at once. A rank that
+computes on a machine with 10 tasks per core still gets about 0.1 s of each second.
+"""
+
+from __future__ import annotations
+
+import time
+
+#: Ranks that used less than `CPU` seconds together over `WINDOW` seconds are blocked, not slow.
+WINDOW = 1.0
+CPU = 0.03
+
+
+def cpu_seconds(pids) -> dict[int, float] | None:
+    """Each live process's CPU seconds so far (user + system, all its threads), leaving out one
+    that runs or waits on a disk now (so that it never looks idle); None where psutil cannot
+    tell (then nothing is called idle)."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    seen = {}
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            with p.oneshot():
+                if p.status() in (psutil.STATUS_RUNNING, psutil.STATUS_DISK_SLEEP):
+                    continue
+                t = p.cpu_times()
+                seen[pid] = t.user + t.system
+        except psutil.Error:
+            continue  # gone: its death is reported by its own channel
+        except Exception:  # noqa: BLE001 -- an unknown platform: never call anything idle
+            return None
+    return seen
+
+
+def collect_while_working(group, task, deadline: float, stream: bool, grace: float) -> bool:
+    """Past a hang's limit on a quiet machine, let ``group`` collect ``task``'s replies until
+    ``deadline`` (the limit stretched by the load) only while its ranks still running work:
+    True if they were called hung early, for using no CPU over `WINDOW` seconds."""
+
+    def pids():
+        return [group.procs[r].pid for r in task.pending]
+
+    before = cpu_seconds(pids())
+    while task.pending and time.monotonic() < deadline:
+        if before is None or task.first_failure_at is not None:
+            group.collect(task, deadline, stream, grace)  # as without: psutil cannot tell
+            return False
+        group.collect(task, min(deadline, time.monotonic() + WINDOW), stream, grace)
+        now = cpu_seconds(pids())
+        if not task.pending or now is None:
+            continue
+        alike = [pid for pid in pids() if pid in before and pid in now]
+        used = sum(now[pid] - before[pid] for pid in alike)
+        if len(alike) == len(task.pending) and used < CPU:
+            return True
+        before = now
+    return False
