@@ -420,7 +420,7 @@ class RankGroup:
         n_before, first = len(task.failures), task.first_failure_at
         task.first_failure_at = None
         wait_s = patience(wait_s)
-        self.collect(task, time.monotonic() + wait_s, stream, grace=wait_s)
+        idle.collect_interrupted(self, task, time.monotonic() + wait_s, stream, grace=wait_s)
         task.first_failure_at = first
         task.failures[n_before:] = [
             f for f in task.failures[n_before:] if f.type != "KeyboardInterrupt"

@@ -5,6 +5,10 @@ so that slow is not called hung on a busy laptop. But ranks blocked in a collect
 that one of them never joins use no CPU, and waiting longer changes nothing: past the quiet
 machine's limit (`distlab._patience.hang_when_idle`) they are called hung at once. A rank that
 computes on a machine with 10 tasks per core still gets about 0.1 s of each second.
+
+The same test ends the wait after an interrupt (`collect_interrupted`): a rank in Python stops
+within milliseconds of SIGINT, and one still there a moment later that uses no CPU is blocked
+inside C++ (a collective's wait, a store's get) and would never stop.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import time
 #: Ranks that used less than `CPU` seconds together over `WINDOW` seconds are blocked, not slow.
 WINDOW = 1.0
 CPU = 0.03
+#: After an interrupt: the window that tells a rank blocked in C++ from one computing in it.
+INTERRUPT_WINDOW = 0.25
 
 
 def cpu_seconds(pids) -> dict[int, float] | None:
@@ -63,3 +69,28 @@ def collect_while_working(group, task, deadline: float, stream: bool, grace: flo
             return True
         before = now
     return False
+
+
+def collect_interrupted(group, task, deadline: float, stream: bool, grace: float) -> None:
+    """After SIGINT to ``task``'s pending ranks: let ``group`` collect their replies until
+    ``deadline`` (the interrupt's wait, stretched by the load), or until those still running
+    have used no CPU over `INTERRUPT_WINDOW` seconds (blocked inside C++: waiting longer changes
+    nothing). Where psutil cannot tell, until ``deadline``."""
+
+    def pids():
+        return [group.procs[r].pid for r in task.pending]
+
+    def window():
+        group.collect(task, min(deadline, time.monotonic() + INTERRUPT_WINDOW), stream, grace)
+
+    window()  # ranks in Python stop now
+    before = cpu_seconds(pids()) if task.pending else None
+    while task.pending and time.monotonic() < deadline:
+        window()
+        now = cpu_seconds(pids()) if task.pending else None
+        if before is not None and now is not None and task.pending:
+            alike = [pid for pid in pids() if pid in before and pid in now]
+            used = sum(now[pid] - before[pid] for pid in alike)
+            if len(alike) == len(task.pending) and used < CPU * INTERRUPT_WINDOW / WINDOW:
+                return
+        before = now
