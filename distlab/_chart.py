@@ -103,3 +103,16 @@ class Chart:
 
     def _repr_png_(self):
         return png_repr(self.png())
+
+
+def luminance(hex_colour: str) -> float:
+    """Relative luminance (WCAG 2) of ``#RRGGBB``."""
+    channels = [int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def ink_for(fill: str) -> str:
+    """Black or white, whichever contrasts more with ``fill``."""
+    lum = luminance(fill)
+    return "#000000" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "#FFFFFF"

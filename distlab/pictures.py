@@ -39,13 +39,15 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from ._chart import BACKGROUND, FAINT, INK, MISSING, OKABE_ITO, Chart
+from ._chart import BACKGROUND, FAINT, INK, MISSING, OKABE_ITO, Chart, ink_for
 from ._config import check_int
+from ._grid_picture import RankGrid, rank_grid
 from ._launch_picture import LaunchPath
 from ._mesh_picture import MeshPicture
 from .errors import InputError, InputTypeError
 
-__all__ = ["Cell", "LaunchPath", "MeshPicture", "Picture", "collective", "launch_path", "mesh"]
+__all__ = ["Cell", "LaunchPath", "MeshPicture", "Picture", "RankGrid", "collective", "launch_path",
+           "mesh", "rank_grid"]
 
 
 # Layout, in cell widths.
@@ -162,7 +164,7 @@ class Picture(Chart):
                     shown, _ = _truncate(values, self.max_cells)
                     for i, v in enumerate(shown):
                         fill = self._colours[_key(v)]
-                        out.append(Cell(side, rank, g, i, v, _fmt(v), fill, _ink_for(fill)))
+                        out.append(Cell(side, rank, g, i, v, _fmt(v), fill, ink_for(fill)))
         return out
 
     # --- drawing ----------------------------------------------------------------------------
@@ -279,7 +281,7 @@ class Picture(Chart):
                     ha="center",
                     va="center",
                     fontsize=_font_size(_fmt(v)),
-                    color=_ink_for(fill),
+                    color=ink_for(fill),
                 )
                 x += 1
             if hidden:
@@ -553,19 +555,6 @@ class _NanAwareDict(dict):
         if isinstance(key, float) and math.isnan(key):
             return MISSING
         return super().__getitem__(key)
-
-
-def _luminance(hex_colour: str) -> float:
-    """Relative luminance (WCAG 2) of ``#RRGGBB``."""
-    channels = [int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
-    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
-    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
-
-
-def _ink_for(fill: str) -> str:
-    """Black or white, whichever contrasts more with ``fill``."""
-    lum = _luminance(fill)
-    return "#000000" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "#FFFFFF"
 
 
 def _font_size(text: str) -> float:

@@ -339,7 +339,7 @@ _PRIVATE = re.compile(r"\bdistlab\._\w+|\bfrom\s+distlab\s+import\s+(?:\(\s*)?_\
 #: this list. A notebook not listed must not start.
 PRIVATE_STILL = {"19_mixed_precision", "20_activation_memory_and_checkpointing",
                  "21_tensor_and_sequence_parallel", "22_context_parallel", "23_expert_parallel",
-                 "24_capstone_2d_parallel", "26_three_d_mesh"}
+                 "24_capstone_2d_parallel"}
 
 
 def _reaches_private(nb) -> list[str]:

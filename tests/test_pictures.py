@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distlab import pictures
+from distlab import _chart, pictures
 
 pytestmark = pytest.mark.quick
 
@@ -101,8 +101,8 @@ def test_many_distinct_values_still_get_distinct_colours():
 def test_cell_text_contrasts_with_its_fill():
     pic = pictures.collective("ramp", before=[list(range(12))], after=[list(range(12))])
     for cell in pic.cells():
-        fill = pictures._luminance(cell.colour)
-        ink = pictures._luminance(cell.text_colour)
+        fill = _chart.luminance(cell.colour)
+        ink = _chart.luminance(cell.text_colour)
         lighter, darker = max(fill, ink), min(fill, ink)
         assert (lighter + 0.05) / (darker + 0.05) >= 4.5, cell  # WCAG AA for normal text
 
@@ -235,3 +235,42 @@ def test_launch_path_draws_the_kernel_the_helper_and_each_rank():
 def test_launch_path_refuses_a_world_size_it_cannot_draw(world_size, error):
     with pytest.raises(error, match="world_size must be an int, 1 to 4"):
         pictures.launch_path(world_size)
+
+
+# --- rank_grid (notebook 26) ------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (3, 2, 1), (1, 4, 2), (4, 1, 4), (2, 3, 2)])
+def test_rank_grid_numbers_the_ranks_and_groups_them_as_init_device_mesh_does(shape):
+    from distlab.exercises import nb26
+
+    grid = pictures.rank_grid(*shape)
+    want = nb26.expected_groups(*shape)  # from init_device_mesh's own layout, a torch tensor
+    for axis in ("pp", "dp", "tp"):
+        assert grid.groups(axis) == want[axis], axis
+        assert f"{axis} groups: " + " ".join(str(g) for g in want[axis]) in repr(grid)
+    for rank in range(grid.world_size):
+        assert grid.coordinates(rank) == nb26.coordinates(rank, *shape)
+
+
+def test_rank_grid_names_each_stage_with_its_ranks_and_draws_the_same_png_twice():
+    grid = pictures.rank_grid(stages=["stage 0: tok, pos, block 0", "stage 1: block 1, norm"])
+    text = repr(grid).splitlines()
+    assert text[0] == ('8 ranks as ("pp", "dp", "tp") = (2, 2, 2): '
+                       'rank = (pp_i * 2 + dp_i) * 2 + tp_i')
+    assert text[1:3] == ["stage 0: tok, pos, block 0: ranks 0-3",
+                         "stage 1: block 1, norm: ranks 4-7"]
+    png = grid.png()
+    assert png.startswith(b"\x89PNG") and pictures.rank_grid(
+        stages=["stage 0: tok, pos, block 0", "stage 1: block 1, norm"]).png() == png
+
+
+@pytest.mark.parametrize("call, error, says", [
+    (lambda: pictures.rank_grid(5, 1, 1), ValueError, "pp"),
+    (lambda: pictures.rank_grid(2, 4, 4), ValueError, "more than the 8 a row can show"),
+    (lambda: pictures.rank_grid(2, 2.0, 2), TypeError, "dp"),
+    (lambda: pictures.rank_grid(2, stages=["only one"]), ValueError, "one per stage"),
+    (lambda: pictures.rank_grid(2, stages="ab"), TypeError, "list of 2 strings"),
+])
+def test_rank_grid_refuses_what_it_cannot_draw_and_says_why(call, error, says):
+    with pytest.raises(error, match=says):
+        call()
