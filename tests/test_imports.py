@@ -116,7 +116,7 @@ FLOORS = (
     ("launching", ("distlab.launcher", "distlab.cluster", "distlab.magic")),
     ("the learner's tools", (
         "distlab.bounds", "distlab.pictures", "distlab._mesh_picture", "distlab._launch_picture",
-        "distlab.memory", "distlab.timeline", "distlab.stand_ins",
+        "distlab._grid_picture", "distlab.memory", "distlab.timeline", "distlab.stand_ins",
         "distlab.calculators", "distlab.scale", "distlab.gpt", "distlab.gradcheck",
         "distlab.activations", "distlab.flight_recorder", "distlab.faults")),
     ("the exercises", ("distlab.exercises",)),
@@ -172,7 +172,8 @@ _S = "distlab.scale."
 _FORMULAS = tuple(_C + m for m in ("activation_terms", "comm", "links", "memory_estimate",
                                    "pipeline", "stepper"))
 _DRAWING = (_C + "charts", _C + "_axes", "distlab._chart", "distlab.pictures",
-            "distlab._mesh_picture", "distlab._launch_picture", "matplotlib")
+            "distlab._mesh_picture", "distlab._launch_picture", "distlab._grid_picture",
+            "matplotlib")
 _SIMULATING = tuple(_S + m for m in ("simulate", "mesh", "measure", "plan_order", "plans",
                                      "instruments"))
 
