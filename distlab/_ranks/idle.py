@@ -46,28 +46,33 @@ def cpu_seconds(pids) -> dict[int, float] | None:
     return seen
 
 
+def _pids(group, task) -> list[int]:
+    return [group.procs[r].pid for r in task.pending]
+
+
+def _blocked(before, now, pids, cpu: float) -> bool:
+    """Were all ``pids`` sampled both times (none running then), and did they use less than
+    ``cpu`` seconds together in between? False where psutil could not tell."""
+    if before is None or now is None:
+        return False
+    alike = [pid for pid in pids if pid in before and pid in now]
+    return len(alike) == len(pids) and sum(now[pid] - before[pid] for pid in alike) < cpu
+
+
 def collect_while_working(group, task, deadline: float, stream: bool, grace: float) -> bool:
     """Past a hang's limit on a quiet machine, let ``group`` collect ``task``'s replies until
     ``deadline`` (the limit stretched by the load) only while its ranks still running work:
     True if they were called hung early, for using no CPU over `WINDOW` seconds."""
-
-    def pids():
-        return [group.procs[r].pid for r in task.pending]
-
-    before = cpu_seconds(pids())
+    before = cpu_seconds(_pids(group, task))
     while task.pending and time.monotonic() < deadline:
         if before is None or task.first_failure_at is not None:
             group.collect(task, deadline, stream, grace)  # as without: psutil cannot tell
             return False
         group.collect(task, min(deadline, time.monotonic() + WINDOW), stream, grace)
-        now = cpu_seconds(pids())
-        if not task.pending or now is None:
-            continue
-        alike = [pid for pid in pids() if pid in before and pid in now]
-        used = sum(now[pid] - before[pid] for pid in alike)
-        if len(alike) == len(task.pending) and used < CPU:
+        now = cpu_seconds(_pids(group, task))
+        if task.pending and _blocked(before, now, _pids(group, task), CPU):
             return True
-        before = now
+        before = now if now is not None else before
     return False
 
 
@@ -77,20 +82,15 @@ def collect_interrupted(group, task, deadline: float, stream: bool, grace: float
     have used no CPU over `INTERRUPT_WINDOW` seconds (blocked inside C++: waiting longer changes
     nothing). Where psutil cannot tell, until ``deadline``."""
 
-    def pids():
-        return [group.procs[r].pid for r in task.pending]
-
     def window():
         group.collect(task, min(deadline, time.monotonic() + INTERRUPT_WINDOW), stream, grace)
 
     window()  # ranks in Python stop now
-    before = cpu_seconds(pids()) if task.pending else None
+    before = cpu_seconds(_pids(group, task))
     while task.pending and time.monotonic() < deadline:
         window()
-        now = cpu_seconds(pids()) if task.pending else None
-        if before is not None and now is not None and task.pending:
-            alike = [pid for pid in pids() if pid in before and pid in now]
-            used = sum(now[pid] - before[pid] for pid in alike)
-            if len(alike) == len(task.pending) and used < CPU * INTERRUPT_WINDOW / WINDOW:
-                return
+        now = cpu_seconds(_pids(group, task))
+        if task.pending and _blocked(before, now, _pids(group, task),
+                                     CPU * INTERRUPT_WINDOW / WINDOW):
+            return
         before = now
