@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from ._config import check_int
 from ._patience import patience
+from ._ranks.forkserver import cores_for_the_kernel
 from .errors import InputError, InputTypeError, StartError
 
 __all__ = ["Collected", "TorchrunRun", "children_stderr", "press_stop", "torchrun"]
@@ -50,7 +51,9 @@ def children_stderr():
 
     Child processes inherit the descriptor, so a child started in the block writes into the
     collection too; so does Python's own ``sys.stderr`` of this process (a warning that the
-    logging module prints, say). Use it to show a child's error in a fixed order::
+    logging module prints, say). While the block runs, distlab's helper process pauses its
+    warm-up, so that the children get the cores. Use it to show a child's error in a fixed
+    order::
 
         with stand_ins.children_stderr() as collected:
             ...start processes that fail...
@@ -63,7 +66,7 @@ def children_stderr():
         OSError: the temporary file or the descriptor could not be made (a full disk, say).
     """
     collected = Collected()
-    with tempfile.TemporaryFile() as tmp:
+    with cores_for_the_kernel(), tempfile.TemporaryFile() as tmp:
         sys.stderr.flush()
         saved = os.dup(2)
         os.dup2(tmp.fileno(), 2)
@@ -155,7 +158,8 @@ def torchrun(fn, nproc_per_node: int = 2, timeout: float = 60.0) -> TorchrunRun:
     ``dist.init_process_group("gloo")`` (torchrun sets the variables it reads), then ``fn()``,
     and pickles the value into a temporary folder. It runs as
     ``python -m torch.distributed.run --standalone --nproc-per-node N script.py`` with
-    ``OMP_NUM_THREADS=1``.
+    ``OMP_NUM_THREADS=1``, while distlab's helper process pauses its warm-up (the agent and
+    its workers get the cores).
 
     Args:
         fn: a function defined with ``def`` that takes no arguments and uses only ``os``,
@@ -183,7 +187,7 @@ def torchrun(fn, nproc_per_node: int = 2, timeout: float = 60.0) -> TorchrunRun:
               type_error=InputTypeError)
     script = _SCRIPT.format(source=textwrap.dedent(inspect.getsource(fn)), name=fn.__name__)
     limit = patience(timeout)
-    with tempfile.TemporaryDirectory(prefix="distlab-torchrun-") as tmp:
+    with cores_for_the_kernel(), tempfile.TemporaryDirectory(prefix="distlab-torchrun-") as tmp:
         path = os.path.join(tmp, "script.py")
         with open(path, "w") as f:
             f.write(script)

@@ -339,6 +339,24 @@ def test_ranks_start_with_ddps_imports_done_once_the_helper_has_been_idle():
     assert loaded == ["torch._dynamo", "torch.distributed.rpc"]
 
 
+
+def test_a_hold_pauses_the_helpers_warm_up_until_it_is_let_go():
+    # stand_ins.children_stderr and stand_ins.torchrun hold the warm-up while the processes they
+    # start import torch: on two cores those imports would otherwise share them with it. Held from
+    # before Ready (the message waits on the socket), the server starts no warm-up step; let go,
+    # it settles. Settling takes ~3 s on a quiet machine, so a server that ignored the hold would
+    # settle inside the window below.
+    server = forkserver.ForkServer()
+    try:
+        server.hold(True)
+        server.wait_ready(timeout=patience(120))
+        assert not server.wait_settled(timeout=patience(6))
+        server.hold(False)
+        assert server.wait_settled(timeout=patience(120))
+    finally:
+        server.close()
+
+
 def _huge_pages_kib() -> int:
     with open("/proc/self/smaps_rollup") as f:
         for line in f:

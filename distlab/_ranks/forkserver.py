@@ -12,6 +12,7 @@ exit reports never pile up unread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from .protocol import (
     Failed,
     Fork,
     Forked,
+    Hold,
     RankSpec,
     Ready,
     Settled,
@@ -131,6 +133,11 @@ class ForkServer(Starter):
                 f"distlab's helper process did not finish importing torch in {timeout:.0f} s"
             )
 
+    def hold(self, on: bool) -> None:
+        """Pause (``on``) or resume the server's idle-time warm-up (`protocol.Hold`)."""
+        with self._send_lock:
+            send(self._sock, Hold(on))
+
     def wait_settled(self, timeout: float = 120.0) -> bool:
         """Wait until the server has done its idle-time work (late imports, huge pages), so
         that launches from now on are as fast as they get. Benchmarks and tests use this."""
@@ -200,6 +207,29 @@ def get() -> ForkServer:
         if _server is None or not _server.alive:
             _server = ForkServer()
         return _server
+
+
+@contextlib.contextmanager
+def cores_for_the_kernel():
+    """While the block runs, the fork server (if one is running) pauses its idle-time warm-up,
+    between two of its steps: for processes the kernel starts itself (``mp.spawn``'s
+    children, torchrun), which would otherwise share the cores with imports and page moves
+    nobody is waiting for. Launches inside the block are served as usual."""
+    with _lock:
+        server = _server if _server is not None and _server.alive else None
+    if server is None:
+        yield
+        return
+    try:
+        server.hold(True)
+    except OSError:  # it went away: nothing to pause
+        server = None
+    try:
+        yield
+    finally:
+        if server is not None:
+            with contextlib.suppress(OSError):
+                server.hold(False)
 
 
 def warm() -> None:

@@ -7,7 +7,8 @@ child of each fork becomes that rank (`distlab._ranks.rank.rank_main`). Forking 
 single-threaded process that already has torch loaded takes milliseconds.
 
 While idle it goes on warming up: it imports `LATE_PRELOAD` one module at a time, then moves its
-memory onto huge pages (`_collapse`), and says `Settled`. It reaps its children and reports their
+memory onto huge pages (`_collapse`), and says `Settled`; a `Hold` from the kernel pauses that
+between two steps, until the kernel lets go. It reaps its children and reports their
 exit status (`Exited`), since the kernel is not their parent and cannot ``waitpid`` them. When the
 kernel goes away the socket closes and the server exits.
 """
@@ -83,8 +84,10 @@ def _loop(sock: socket.socket, wake_r: int, wake_w: int) -> None:
     late = list(LATE_PRELOAD)
     huge: list[int] | None = None  # 2 MiB pieces still to collapse; None: not listed yet
     settled = False
+    held = False  # the kernel asked for the cores (protocol.Hold)
     while True:
-        readable, _, _ = select.select([sock, wake_r], [], [], None if settled else _IDLE)
+        wait = None if settled or held else _IDLE
+        readable, _, _ = select.select([sock, wake_r], [], [], wait)
         if not readable:  # idle: warm up, step by step, until a request comes in
             while late and not select.select([sock, wake_r], [], [], 0)[0]:
                 try:  # single-threaded, so forks stay safe
@@ -110,6 +113,9 @@ def _loop(sock: socket.socket, wake_r: int, wake_w: int) -> None:
             break  # the kernel is gone; ranks notice on their own pipes and exit too
         if isinstance(msg, protocol.Canary):
             send(sock, _run_canary(sock, wake_r, wake_w))
+            continue
+        if isinstance(msg, protocol.Hold):
+            held = msg.on
             continue
         if not isinstance(msg, protocol.Fork):
             for fd in fds:

@@ -198,6 +198,15 @@ class Unsafe:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """Kernel -> server: pause (``on``) or resume the idle-time warm-up. The kernel holds it
+    while it runs processes of its own that want the cores (``mp.spawn``'s children, a
+    torchrun), so that they do not share them with imports nobody is waiting for."""
+
+    on: bool
+
+
+@dataclass(frozen=True)
 class Canary:
     """Kernel -> server: fork a child that proves forking is safe (`forksafety.canary`)."""
 
