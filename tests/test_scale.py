@@ -254,3 +254,24 @@ def test_lay_out_shows_every_distinct_stage_side_by_side():
         laid[2]
     with pytest.raises(ValueError, match="processes must be an int >= 1"):
         scale.lay_out(SMALL, scale.Layout(dp=2, seq_len=64), processes=0)
+
+
+def test_simulate_apart_gives_each_layout_its_own_report_in_order():
+    # three layouts on two processes: process 0 takes the first and the third, process 1 the
+    # second; the reports must come back in the layouts' order, each equal to simulate_rank's
+    layouts = [scale.Layout(dp=2, seq_len=64), scale.Layout(dp=2, seq_len=64, microbatches=3),
+               scale.Layout(tp=2, seq_len=64)]
+    apart = scale.simulate_apart(SMALL, layouts, processes=2)
+    here = [scale.simulate_rank(SMALL, layout) for layout in layouts]
+    assert [r.layout for r in apart] == layouts
+    for a, h in zip(apart, here, strict=True):
+        assert (a.peak, a.params, a.flops, a.comm()) == (h.peak, h.params, h.flops, h.comm())
+
+
+def test_simulate_apart_refuses_bad_input_before_it_launches_anything():
+    with pytest.raises(ValueError, match="at least one Layout"):
+        scale.simulate_apart(SMALL, [])
+    with pytest.raises(ValueError, match="processes must be an int >= 1"):
+        scale.simulate_apart(SMALL, [scale.Layout(dp=2, seq_len=64)], processes=0)
+    with pytest.raises(ValueError, match="tp=16"):
+        scale.simulate_apart("Llama-3 8B", [scale.Layout(dp=2), scale.Layout(tp=16)])

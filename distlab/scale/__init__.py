@@ -13,10 +13,10 @@ number; an "axis" is a DeviceMesh axis ("dp", "tp", ...), a "dim" a tensor dimen
 """
 
 from .calculator_check import CalculatorCheck, against_calculator, calculator_for
-from .lay_out import LaidOut, distinct_stages, lay_out
+from .lay_out import LaidOut, distinct_stages, lay_out, simulate_apart
 from .layout import Layout, stage_layers
 from .simulate import RankReport, simulate_rank, simulated
 
 __all__ = ["CalculatorCheck", "LaidOut", "Layout", "RankReport", "against_calculator",
-           "calculator_for", "distinct_stages", "lay_out", "simulate_rank", "simulated",
-           "stage_layers"]
+           "calculator_for", "distinct_stages", "lay_out", "simulate_apart", "simulate_rank",
+           "simulated", "stage_layers"]

@@ -50,14 +50,28 @@ def distinct_stages(layers: int, pp: int) -> list[int]:
     return stages
 
 
-def _simulate(model, layout, stages, processes):
-    """On rank r of a launch: every ``processes``-th stage, from r."""
+def _simulate(model, jobs, processes):
+    """On rank r of a launch: every ``processes``-th ``(layout, stage)`` of ``jobs``, from r."""
     import os
 
     from .simulate import simulate_rank
 
     rank = int(os.environ["RANK"])
-    return [simulate_rank(model, layout, stage) for stage in stages[rank::processes]]
+    return [simulate_rank(model, layout, stage) for layout, stage in jobs[rank::processes]]
+
+
+def _launched(config, jobs: list, processes: int, timeout: float) -> list:
+    """``jobs`` (``(layout, stage)`` pairs) simulated in ``processes`` ranks of
+    `distlab.launch`, side by side; their reports in the order of ``jobs``."""
+    from ..launcher import launch
+
+    parts = launch(_simulate, config, jobs, processes, world_size=processes, backend=None,
+                   timeout=timeout, threads=1)
+    reports = [None] * len(jobs)
+    for rank, part in enumerate(parts):
+        for k, report in zip(range(rank, len(jobs), processes), part, strict=True):
+            reports[k] = report
+    return reports
 
 
 @dataclass(frozen=True)
@@ -141,10 +155,44 @@ def lay_out(model, layout: Layout, stages=None, *, processes: int = 1,
     if processes == 1:
         reports = [simulate_rank(config, layout, stage) for stage in stages]
     else:
-        from ..launcher import launch
-
-        parts = launch(_simulate, config, layout, stages, processes, world_size=processes,
-                       backend=None, timeout=timeout, threads=1)
-        by_stage = {r.stage: r for part in parts for r in part}
-        reports = [by_stage[stage] for stage in stages]
+        reports = _launched(config, [(layout, stage) for stage in stages], processes, timeout)
     return LaidOut(config, layout, tuple(reports))
+
+
+def simulate_apart(model, layouts, stage: int = 0, *, processes: int = 2,
+                   timeout: float = 120.0) -> list:
+    """`simulate.simulate_rank` of ``stage`` under each of ``layouts``, in processes of their
+    own: ranks of `distlab.launch`, forked from its warm helper, side by side.
+
+    What a notebook calls to keep its kernel free of what a simulation imports and builds the
+    first time (about 2 s, once per kernel: the fake tensors, DTensor, FSDP, torch._dynamo,
+    which the helper has already loaded), and to use more than one core.
+
+    Args:
+        model: a preset's name or a `calculators.Transformer`.
+        layouts: the `Layout`s to simulate (at least one).
+        stage: the pipeline stage to simulate under each.
+        processes: how many processes at most (an int >= 1; never more than there are
+            layouts): each simulates every ``processes``-th layout.
+        timeout: seconds the simulations may take.
+
+    Returns:
+        One `RankReport` per layout, in the order of ``layouts``.
+
+    Raises:
+        CalculatorError (a ValueError): what `simulate.simulate_rank` refuses, raised before
+            anything is launched.
+        ValueError: no layouts, or ``processes`` not an int >= 1.
+        distlab.RankError: a simulation failed (its traceback says where).
+    """
+    from .simulate import _check
+
+    config = get_model(model)
+    layouts = list(layouts)
+    if not layouts:
+        raise ValueError("simulate_apart needs at least one Layout to simulate, got none")
+    for layout in layouts:
+        _check(config, layout, stage)
+    check_int(processes, "processes", low=1)
+    return _launched(config, [(layout, stage) for layout in layouts],
+                     min(processes, len(layouts)), timeout)
