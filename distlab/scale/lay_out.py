@@ -164,9 +164,9 @@ def simulate_apart(model, layouts, stage: int = 0, *, processes: int = 2,
     """`simulate.simulate_rank` of ``stage`` under each of ``layouts``, in processes of their
     own: ranks of `distlab.launch`, forked from its warm helper, side by side.
 
-    What a notebook calls to keep its kernel free of what a simulation imports and builds the
-    first time (about 2 s, once per kernel: the fake tensors, DTensor, FSDP, torch._dynamo,
-    which the helper has already loaded), and to use more than one core.
+    What a notebook calls to use more than one core, and to leave a simulation's first-time
+    work (DTensor's and FSDP's imports and caches, torch._dynamo) to processes forked from the
+    helper, which has loaded them already, instead of its kernel.
 
     Args:
         model: a preset's name or a `calculators.Transformer`.
