@@ -350,7 +350,7 @@ def test_a_hold_pauses_the_helpers_warm_up_until_it_is_let_go():
     try:
         server.hold(True)
         server.wait_ready(timeout=patience(120))
-        assert not server.wait_settled(timeout=patience(6))
+        assert not server.wait_settled(timeout=patience(4))
         server.hold(False)
         assert server.wait_settled(timeout=patience(120))
     finally:
