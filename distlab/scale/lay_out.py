@@ -60,6 +60,17 @@ def _simulate(model, jobs, processes):
     return [simulate_rank(model, layout, stage) for layout, stage in jobs[rank::processes]]
 
 
+def _checked(config, jobs: list, processes) -> int:
+    """Refuse, before anything runs, a ``(layout, stage)`` job `simulate.simulate_rank` would
+    refuse, or a bad ``processes``; the processes to use (never more than the jobs)."""
+    from .simulate import _check
+
+    for layout, stage in jobs:
+        _check(config, layout, stage)
+    check_int(processes, "processes", low=1)
+    return min(processes, len(jobs))
+
+
 def _launched(config, jobs: list, processes: int, timeout: float) -> list:
     """``jobs`` (``(layout, stage)`` pairs) simulated in ``processes`` ranks of
     `distlab.launch`, side by side; their reports in the order of ``jobs``."""
@@ -144,18 +155,16 @@ def lay_out(model, layout: Layout, stages=None, *, processes: int = 1,
         RuntimeError: ``processes=1`` in a process that runs a process group.
         distlab.RankError: a launched simulation failed (its traceback says where).
     """
-    from .simulate import _check, simulate_rank
+    from .simulate import simulate_rank
 
     config = get_model(model)
     stages = distinct_stages(config.layers, layout.pp) if stages is None else list(stages)
-    for stage in stages:
-        _check(config, layout, stage)
-    check_int(processes, "processes", low=1)
-    processes = min(processes, len(stages))
+    jobs = [(layout, stage) for stage in stages]
+    processes = _checked(config, jobs, processes)
     if processes == 1:
         reports = [simulate_rank(config, layout, stage) for stage in stages]
     else:
-        reports = _launched(config, [(layout, stage) for stage in stages], processes, timeout)
+        reports = _launched(config, jobs, processes, timeout)
     return LaidOut(config, layout, tuple(reports))
 
 
@@ -185,14 +194,8 @@ def simulate_apart(model, layouts, stage: int = 0, *, processes: int = 2,
         ValueError: no layouts, or ``processes`` not an int >= 1.
         distlab.RankError: a simulation failed (its traceback says where).
     """
-    from .simulate import _check
-
     config = get_model(model)
-    layouts = list(layouts)
-    if not layouts:
+    jobs = [(layout, stage) for layout in layouts]
+    if not jobs:
         raise ValueError("simulate_apart needs at least one Layout to simulate, got none")
-    for layout in layouts:
-        _check(config, layout, stage)
-    check_int(processes, "processes", low=1)
-    return _launched(config, [(layout, stage) for layout in layouts],
-                     min(processes, len(layouts)), timeout)
+    return _launched(config, jobs, _checked(config, jobs, processes), timeout)
